@@ -1,0 +1,208 @@
+"""Build a Plan from a PlanRequest, choose the micro-batch, and re-derive plans to check them."""
+
+from __future__ import annotations
+
+import math
+
+from planner import __version__
+from planner.counts import flops_per_token, matmul_params, n_params, param_counts
+from planner.errors import PlanError
+from planner.launch import torchrun_command
+from planner.memory import MemoryEstimate, StepConfig, estimate, matrix_params
+from planner.plan import (
+    BudgetPlan, HardwarePlan, LaunchPlan, ModelPlan, MemoryPlan, Plan, PlanRequest, SchedulePlan,
+    ThroughputPlan, TrainingPlan,
+)
+from planner.profiles import Hardware, parse_gpu_spec
+from planner.throughput import Throughput, estimate_throughput
+from planner.units import fmt_bytes, fmt_count
+
+UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
+MAX_EPOCHS = 4.0                       # Muennighoff et al. 2023: ~4 epochs ≈ fresh data
+LARGE_STORAGE_BYTES = 1 << 40          # warn above 1 TiB of checkpoints
+
+
+def hardware_of(req: PlanRequest) -> Hardware:
+    return parse_gpu_spec(req.gpu, profile=req.profile, provider=req.provider, price=req.price)
+
+
+def batch_choices(total_batch_tokens: int, seq_len: int, num_gpus: int) -> list[int]:
+    """Device batch sizes (descending) that divide the target batch exactly."""
+    per = seq_len * num_gpus
+    if total_batch_tokens % per:
+        raise PlanError("--total-batch-tokens",
+                        f"{total_batch_tokens:,} is not a multiple of seq_len × GPUs = {per:,}",
+                        f"use a multiple such as {max(1, round(total_batch_tokens / per)) * per:,}")
+    rows = total_batch_tokens // per
+    return [b for b in range(rows, 0, -1) if rows % b == 0]
+
+
+def grad_accum(total_batch_tokens: int, device_batch: int, seq_len: int, num_gpus: int) -> int:
+    micro = device_batch * seq_len * num_gpus
+    if total_batch_tokens % micro:
+        choices = batch_choices(total_batch_tokens, seq_len, num_gpus)
+        raise PlanError("--device-batch-size",
+                        f"device batch {device_batch} × seq {seq_len} × {num_gpus} GPUs = {micro:,} tokens "
+                        f"does not divide the total batch {total_batch_tokens:,}",
+                        f"use one of {', '.join(map(str, choices[:8]))}")
+    return total_batch_tokens // micro
+
+
+def step_config(req: PlanRequest, device_batch: int, num_gpus: int) -> StepConfig:
+    return StepConfig(
+        spec=req.model, device_batch_size=device_batch,
+        grad_accum_steps=grad_accum(req.total_batch_tokens, device_batch, req.model.seq_len, num_gpus),
+        dp=num_gpus, precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
+        activation_checkpointing=req.activation_checkpointing, loss_chunk_tokens=req.loss_chunk_tokens,
+    )
+
+
+def memory_of(cfg: StepConfig, hw: Hardware) -> MemoryEstimate:
+    ov = hw.profile.overheads
+    over = {"cuda_context": ov.cuda_context_bytes} if hw.profile.kind == "gpu" else {}
+    if hw.num_gpus > 1 and hw.profile.kind == "gpu":
+        over["nccl_buffers"] = ov.nccl_bytes
+    return estimate(cfg, overheads=over, fragmentation=ov.fragmentation if hw.profile.kind == "gpu" else 0.0)
+
+
+def fits(mem: MemoryEstimate, hw: Hardware, headroom: float) -> bool:
+    return mem.total <= hw.profile.usable_bytes * (1.0 - headroom)
+
+
+def choose_batch(req: PlanRequest, hw: Hardware) -> int:
+    """The largest device batch that divides the target batch and fits in memory."""
+    choices = batch_choices(req.total_batch_tokens, req.model.seq_len, hw.num_gpus)
+    for b in choices:
+        if fits(memory_of(step_config(req, b, hw.num_gpus), hw), hw, req.headroom):
+            return b
+    return choices[-1]
+
+
+def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sched: SchedulePlan,
+              n: int) -> list[str]:
+    out = []
+    cap = hw.profile.usable_bytes * (1 - req.headroom)
+    if not fit:
+        out.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(cap)} usable after "
+                   f"{req.headroom:.0%} headroom; try a smaller device batch, --activation-checkpointing, "
+                   "or --strategy zero1/zero2/fsdp")
+    if sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM:
+        out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/param (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
+                   f"Chinchilla-optimal is ~20); a smaller model or more hours would use the budget better")
+    if sched.epochs is not None and sched.epochs > MAX_EPOCHS:
+        out.append(f"repeated data: {sched.epochs:.1f} epochs over {fmt_count(sched.dataset_tokens or 0)} tokens "
+                   f"(> {MAX_EPOCHS:.0f}; Muennighoff et al. 2023 find repeats lose value beyond ~4); "
+                   "use a bigger dataset, a smaller model or fewer hours")
+    if sched.storage_bytes > LARGE_STORAGE_BYTES:
+        out.append(f"checkpoint storage is large: {fmt_bytes(sched.storage_bytes)} "
+                   f"(keep_last={sched.keep_last} plus best); lower --keep-last")
+    if hw.usd_per_gpu_hour == 0 and req.budget_usd is not None:
+        out.append("price is 0, so a dollar budget cannot bound the run")
+    return out
+
+
+def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
+    """Derive every number of a plan from its request."""
+    hw = hardware_of(req)
+    spec = req.model
+    g = hw.num_gpus
+    b = req.device_batch_size or choose_batch(req, hw)
+    cfg = step_config(req, b, g)
+    mem = memory_of(cfg, hw)
+    fit = fits(mem, hw, req.headroom)
+    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu)
+    usd_per_hour = g * hw.usd_per_gpu_hour
+
+    if req.steps is not None:
+        steps = req.steps
+        hours = steps * tp.step_seconds / 3600
+        limited = "steps"
+    else:
+        if req.hours is not None:
+            hours, limited = req.hours, "hours"
+        else:
+            if usd_per_hour <= 0:
+                raise PlanError("--budget", f"the price of {hw.spec} is $0/h, so a dollar budget sets no length",
+                                "give --price USD_PER_GPU_HOUR, --hours H or --steps N")
+            hours, limited = req.budget_usd / usd_per_hour, "budget"
+        steps = max(1, math.floor(hours * 3600 / tp.step_seconds))
+    usd = hours * usd_per_hour
+
+    N = n_params(spec)
+    tokens = steps * tp.tokens_per_step
+    epochs = tokens / req.dataset_tokens if req.dataset_tokens else None
+    ckpt_steps = max(1, round(req.checkpoint_every_minutes * 60 / tp.step_seconds))
+    n_ckpt = max(1, math.ceil(steps / ckpt_steps))
+    w_bytes = 2 if req.precision == "bf16" else 4
+    model_file = N * w_bytes
+    opt_elems = 2 * N if req.optimizer == "adamw" else (matrix_params(spec) + 2 * (N - matrix_params(spec)))
+    opt_full = opt_elems * w_bytes
+    sharded = req.strategy in ("zero1", "zero2", "fsdp")
+    opt_rank = opt_full // g if sharded else opt_full
+    ckpt_bytes = model_file + opt_full
+    storage = min(n_ckpt, req.keep_last + 1) * ckpt_bytes
+
+    sched = SchedulePlan(
+        total_steps=steps, tokens_per_step=tp.tokens_per_step, total_tokens=tokens,
+        tokens_per_param=tokens / N, dataset_tokens=req.dataset_tokens, epochs=epochs,
+        checkpoint_every_minutes=req.checkpoint_every_minutes, checkpoint_every_steps=ckpt_steps,
+        num_checkpoints=n_ckpt, model_file_bytes=model_file, optimizer_bytes_per_rank=opt_rank,
+        checkpoint_bytes=ckpt_bytes, keep_last=req.keep_last, storage_bytes=storage,
+    )
+    eff_mfu = tp.tokens_per_sec * tp.flops_per_token / (g * tp.peak_flops_per_gpu)
+    return Plan(
+        created_by=f"nanoplan {__version__}",
+        request=req,
+        hardware=HardwarePlan(spec=hw.spec, profile_name=hw.profile.name, nodes=hw.nodes,
+                              gpus_per_node=hw.gpus_per_node, num_gpus=g, provider=hw.provider,
+                              usd_per_gpu_hour=hw.usd_per_gpu_hour, price_date=hw.price_date,
+                              price_source=hw.price_source),
+        model=ModelPlan(name=spec.name, n_params=N, params_by_group=param_counts(spec).as_dict(),
+                        matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec)),
+        training=TrainingPlan(device_batch_size=b, grad_accum_steps=cfg.grad_accum_steps,
+                              total_batch_tokens=req.total_batch_tokens, seq_len=spec.seq_len,
+                              precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
+                              activation_checkpointing=req.activation_checkpointing,
+                              loss_chunk_tokens=req.loss_chunk_tokens, compile=req.compile),
+        memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
+                          usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
+                          peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,
+                          phases=mem.phases),
+        throughput=ThroughputPlan(mfu=tp.mfu, effective_mfu=min(1.0, eff_mfu), peak_flops_per_gpu=tp.peak_flops_per_gpu,
+                                  tokens_per_sec=tp.tokens_per_sec, step_seconds=tp.step_seconds,
+                                  compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,
+                                  exposed_comm_seconds=tp.exposed_comm_seconds),
+        budget=BudgetPlan(usd=usd, hours=hours, usd_per_hour=usd_per_hour, limited_by=limited),
+        schedule=sched,
+        launch=LaunchPlan(run_dir=req.run_dir,
+                          command=torchrun_command(plan_path, hw.gpus_per_node, req.run_dir, nnodes=hw.nodes,
+                                                   node_rank="$NODE_RANK" if hw.nodes > 1 else 0,
+                                                   python="python")),
+        warnings=_warnings(req, hw, mem, fit, sched, N),
+    )
+
+
+def _diff(path: str, stored: object, fresh: object, out: list[str]) -> None:
+    if isinstance(stored, dict) and isinstance(fresh, dict):
+        for k in sorted(set(stored) | set(fresh)):
+            _diff(f"{path}.{k}" if path else k, stored.get(k), fresh.get(k), out)
+    elif isinstance(stored, float) or isinstance(fresh, float):
+        if stored is None or fresh is None or not math.isclose(float(stored), float(fresh), rel_tol=1e-6, abs_tol=1e-9):
+            out.append(f"{path}: plan says {stored!r}, re-derived {fresh!r}")
+    elif stored != fresh:
+        out.append(f"{path}: plan says {stored!r}, re-derived {fresh!r}")
+
+
+def rederive(plan: Plan, plan_path: str | None = None) -> tuple[Plan, list[str]]:
+    """Rebuild a plan from its request; return the fresh plan and any stale or tampered fields."""
+    fresh = build_plan(plan.request, plan_path=plan_path or _plan_path_in(plan))
+    problems: list[str] = []
+    s, f = plan.model_dump(mode="json"), fresh.model_dump(mode="json")
+    for key in ("hardware", "model", "training", "memory", "throughput", "budget", "schedule", "launch"):
+        _diff(key, s[key], f[key], problems)
+    return fresh, problems
+
+
+def _plan_path_in(plan: Plan) -> str:
+    cmd = plan.launch.command
+    return cmd[cmd.index("--plan") + 1] if "--plan" in cmd else "plan.json"

@@ -1,0 +1,1 @@
+"""`nanoplan calibrate`: placeholder until its issue lands."""

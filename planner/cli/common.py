@@ -1,0 +1,63 @@
+"""Option parsing shared by estimate and compare: model choice, hardware, lengths."""
+
+from __future__ import annotations
+
+from planner.datameta import DataMeta, load_data_meta
+from planner.errors import PlanError
+from planner.profiles import HardwareProfile, find_profile, load_profile_file, parse_gpu_spec
+from planner.spec import ModelSpec, nanochat, preset, style_spec
+from planner.units import parse_count
+
+
+def resolve_model(*, depth: int | None, preset_name: str | None, style: str | None,
+                  n_layer: int | None, d_model: int | None, n_head: int | None, n_kv_head: int | None,
+                  d_ff: int | None, vocab_size: int | None, seq_len: int | None) -> ModelSpec | None:
+    """The model the user asked for, or None when the search should choose it."""
+    given = [n for n, v in (("--depth", depth), ("--preset", preset_name), ("--n-layer", n_layer)) if v is not None]
+    if len(given) > 1:
+        raise PlanError(given[1], f"conflicts with {given[0]}", "give one of --depth, --preset or explicit dims")
+    if depth is not None:
+        if depth <= 0:
+            raise PlanError("--depth", f"must be a positive integer, got {depth}")
+        base = style_spec(style or "nanochat", depth, seq_len or 2048, vocab_size or 65536)  # type: ignore[arg-type]
+        return base
+    if preset_name is not None:
+        base = preset(preset_name)
+        upd = {k: v for k, v in (("seq_len", seq_len), ("vocab_size", vocab_size)) if v is not None}
+        return ModelSpec.model_validate({**base.model_dump(), **upd}) if upd else base
+    if n_layer is not None:
+        if d_model is None or n_head is None:
+            raise PlanError("--d-model/--n-head", "explicit dims need --n-layer, --d-model and --n-head",
+                            "or use --depth N / --preset NAME")
+        ref = style_spec(style or "nanochat", 1, seq_len or 2048, vocab_size or 65536)  # type: ignore[arg-type]
+        d_ff_default = ref.d_ff // ref.d_model * d_model if ref.mlp != "swiglu" else None
+        from planner.spec import llama_ff
+        return ModelSpec.model_validate({
+            **ref.model_dump(), "style": style or "custom", "n_layer": n_layer, "d_model": d_model,
+            "n_head": n_head, "n_kv_head": n_kv_head or n_head,
+            "d_ff": d_ff or d_ff_default or llama_ff(d_model),
+        })
+    return None
+
+
+def resolve_profile(gpu: str, profile_file: str | None) -> HardwareProfile:
+    if profile_file:
+        return load_profile_file(profile_file)
+    from planner.profiles import _SPEC  # noqa: PLC0415
+
+    m = _SPEC.match(gpu)
+    if not m:
+        parse_gpu_spec(gpu)  # raises the one-line error
+    return find_profile(m.group(3))  # type: ignore[union-attr]
+
+
+def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta | None, int | None]:
+    meta = load_data_meta(data) if data else None
+    toks = parse_count(dataset_tokens, "--dataset-tokens") if dataset_tokens else None
+    if meta is not None and toks is None:
+        toks = meta.train_tokens or None
+    return meta, toks
+
+
+def default_nanochat(seq_len: int | None, vocab: int | None) -> ModelSpec:
+    return nanochat(20, seq_len or 2048, vocab or 65536)

@@ -1,0 +1,1 @@
+"""`nanoplan compare`: placeholder until its issue lands."""

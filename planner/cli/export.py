@@ -1,0 +1,1 @@
+"""`nanoplan export`: placeholder until its issue lands."""

@@ -1,0 +1,1 @@
+"""`nanoplan run`: placeholder until its issue lands."""

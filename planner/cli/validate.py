@@ -1,0 +1,1 @@
+"""`nanoplan validate`: placeholder until its issue lands."""

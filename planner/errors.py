@@ -1,0 +1,31 @@
+"""One-line user-facing errors. The CLI turns them into a message and exit code 2."""
+
+from __future__ import annotations
+
+
+class PlanError(ValueError):
+    """Bad input from the user: a single line naming the field and the fix."""
+
+    def __init__(self, field: str, problem: str, fix: str = "") -> None:
+        self.field = field
+        self.problem = problem
+        self.fix = fix
+        msg = f"{field}: {problem}"
+        if fix:
+            msg += f" ({fix})"
+        super().__init__(msg)
+
+
+def pydantic_one_line(exc: Exception, source: str = "") -> str:
+    """Condense a pydantic ValidationError into one line naming the first bad field."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        errs = errors()
+        if errs:
+            e = errs[0]
+            loc = ".".join(str(p) for p in e.get("loc", ())) or "(root)"
+            msg = str(e.get("msg", "invalid")).replace("\n", " ")
+            more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
+            prefix = f"{source}: " if source else ""
+            return f"{prefix}field '{loc}': {msg}{more}"
+    return (f"{source}: " if source else "") + str(exc).splitlines()[0]

@@ -1,0 +1,227 @@
+"""plan.json: the versioned pydantic schema (inputs + every derived number).
+
+A plan holds the `request` it was built from (including the full hardware profile), and
+the numbers derived from it. `planner.build.rederive` rebuilds a plan from its request, so
+a hand-edited or stale plan is caught (`nanoplan validate`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import PlanError, pydantic_one_line
+from planner.memory import Optimizer, Precision, Strategy
+from planner.profiles import HardwareProfile
+from planner.spec import ModelSpec
+
+SCHEMA_VERSION = 1
+Finite = dict(allow_inf_nan=False)
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Hyper(_Strict):
+    """Optimisation hyper-parameters the runner uses (defaults follow nanoGPT/nanochat)."""
+
+    lr: float = Field(default=3e-4, gt=0, le=10, **Finite)          # AdamW peak LR
+    matrix_lr: float = Field(default=0.02, gt=0, le=10, **Finite)   # Muon LR (nanochat uses 0.02)
+    weight_decay: float = Field(default=0.0, ge=0, le=10, **Finite)
+    betas: tuple[float, float] = (0.9, 0.95)
+    grad_clip: float = Field(default=1.0, ge=0, **Finite)
+    warmup_steps: int = Field(default=0, ge=0)
+    warmdown_frac: float = Field(default=0.2, ge=0, le=1, **Finite)  # nanochat: last 20% decays
+    decay: Literal["linear", "cosine"] = "linear"
+    seed: int = Field(default=1337, ge=0)
+    val_every_steps: int = Field(default=250, ge=0)
+    val_tokens: int = Field(default=0, ge=0)  # 0 = one device batch per rank
+    patience_evals: int = Field(default=0, ge=0)  # early stop after N evals without improvement; 0 = off
+
+
+class PlanRequest(_Strict):
+    """Everything the user chose. The rest of the plan is derived from this."""
+
+    gpu: str
+    profile: HardwareProfile
+    provider: str | None = None
+    price: float | None = Field(default=None, ge=0, **Finite)
+    model: ModelSpec
+    device_batch_size: int | None = Field(default=None, gt=0, le=1_000_000)
+    total_batch_tokens: int = Field(default=524_288, gt=0, le=10**12)
+    precision: Precision = "bf16-autocast"
+    optimizer: Optimizer = "adamw"
+    strategy: Strategy = "ddp"
+    activation_checkpointing: bool = False
+    loss_chunk_tokens: int = Field(default=4096, ge=0)
+    compile: bool = True
+    budget_usd: float | None = Field(default=None, gt=0, le=1e12, **Finite)
+    hours: float | None = Field(default=None, gt=0, le=1e6, **Finite)
+    steps: int | None = Field(default=None, gt=0, le=10**12)
+    dataset_tokens: int | None = Field(default=None, gt=0)
+    data_dir: str | None = None
+    checkpoint_every_minutes: float = Field(default=60.0, gt=0, le=1e6, **Finite)
+    keep_last: int = Field(default=3, ge=1, le=1000)
+    headroom: float = Field(default=0.05, ge=0, lt=1, **Finite)
+    mfu: float | None = Field(default=None, gt=0, le=1, **Finite)
+    run_dir: str = "runs/latest"
+    hyper: Hyper = Hyper()
+
+    @model_validator(mode="after")
+    def _one_length(self) -> PlanRequest:
+        given = [n for n in ("budget_usd", "hours", "steps") if getattr(self, n) is not None]
+        if len(given) != 1:
+            raise ValueError("exactly one of budget_usd, hours or steps must set the run's length "
+                             f"(got {', '.join(given) or 'none'})")
+        return self
+
+
+class HardwarePlan(_Strict):
+    spec: str
+    profile_name: str
+    nodes: int = Field(gt=0)
+    gpus_per_node: int = Field(gt=0)
+    num_gpus: int = Field(gt=0)
+    provider: str
+    usd_per_gpu_hour: float = Field(ge=0, **Finite)
+    price_date: str
+    price_source: str
+
+
+class ModelPlan(_Strict):
+    name: str
+    n_params: int = Field(gt=0)
+    params_by_group: dict[str, int]
+    matmul_params: int = Field(gt=0)
+    flops_per_token: int = Field(gt=0)
+
+
+class TrainingPlan(_Strict):
+    device_batch_size: int = Field(gt=0)
+    grad_accum_steps: int = Field(gt=0)
+    total_batch_tokens: int = Field(gt=0)
+    seq_len: int = Field(gt=0)
+    precision: Precision
+    optimizer: Optimizer
+    strategy: Strategy
+    activation_checkpointing: bool
+    loss_chunk_tokens: int = Field(ge=0)
+    compile: bool
+
+
+class MemoryPlan(_Strict):
+    per_gpu_bytes: int = Field(ge=0)
+    capacity_bytes: int = Field(gt=0)
+    usable_bytes: int = Field(gt=0)
+    headroom: float = Field(ge=0, lt=1, **Finite)
+    fits: bool
+    peak_phase: str
+    breakdown: dict[str, int]
+    overhead: dict[str, int]
+    phases: dict[str, int]
+
+
+class ThroughputPlan(_Strict):
+    mfu: float = Field(gt=0, le=1, **Finite)
+    effective_mfu: float = Field(ge=0, le=1, **Finite)
+    peak_flops_per_gpu: float = Field(gt=0, **Finite)
+    tokens_per_sec: float = Field(gt=0, **Finite)
+    step_seconds: float = Field(gt=0, **Finite)
+    compute_seconds: float = Field(ge=0, **Finite)
+    comm_seconds: float = Field(ge=0, **Finite)
+    exposed_comm_seconds: float = Field(ge=0, **Finite)
+
+
+class BudgetPlan(_Strict):
+    usd: float = Field(ge=0, **Finite)
+    hours: float = Field(gt=0, **Finite)
+    usd_per_hour: float = Field(ge=0, **Finite)
+    limited_by: Literal["budget", "hours", "steps"]
+
+
+class SchedulePlan(_Strict):
+    total_steps: int = Field(gt=0)
+    tokens_per_step: int = Field(gt=0)
+    total_tokens: int = Field(gt=0)
+    tokens_per_param: float = Field(ge=0, **Finite)
+    dataset_tokens: int | None = None
+    epochs: float | None = Field(default=None, **Finite)
+    checkpoint_every_minutes: float = Field(gt=0, **Finite)
+    checkpoint_every_steps: int = Field(gt=0)
+    num_checkpoints: int = Field(ge=1)
+    model_file_bytes: int = Field(ge=0)
+    optimizer_bytes_per_rank: int = Field(ge=0)
+    checkpoint_bytes: int = Field(ge=0)
+    keep_last: int = Field(ge=1)
+    storage_bytes: int = Field(ge=0)
+
+
+class LaunchPlan(_Strict):
+    run_dir: str
+    command: list[str]
+
+
+class Plan(_Strict):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    created_by: str
+    request: PlanRequest
+    hardware: HardwarePlan
+    model: ModelPlan
+    training: TrainingPlan
+    memory: MemoryPlan
+    throughput: ThroughputPlan
+    budget: BudgetPlan
+    schedule: SchedulePlan
+    launch: LaunchPlan
+    warnings: list[str] = []
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Write to a temp file in the same directory, fsync, then rename over the target."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    atomic_write_text(path, plan.model_dump_json(indent=2) + "\n")
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read and schema-check a plan.json. Raises PlanError with one line naming the field."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise PlanError(str(p), f"cannot read: {e.strerror}", "give the path of a plan.json") from None
+    try:
+        data = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PlanError(str(p), "is not UTF-8 text", "regenerate it with nanoplan estimate --out") from None
+    except json.JSONDecodeError as e:
+        raise PlanError(str(p), f"is not valid JSON ({e.msg} at line {e.lineno})",
+                        "regenerate it with nanoplan estimate --out") from None
+    if not isinstance(data, dict):
+        raise PlanError(str(p), "must hold a JSON object", "regenerate it with nanoplan estimate --out")
+    if data.get("schema_version") != SCHEMA_VERSION:
+        raise PlanError(f"{p}: field 'schema_version'", f"is {data.get('schema_version')!r}, this nanoplan reads {SCHEMA_VERSION}",
+                        "regenerate the plan with this version of nanoplan")
+    try:
+        return Plan.model_validate(data)
+    except ValidationError as e:
+        raise PlanError(str(p), pydantic_one_line(e).removeprefix(": "), "fix the field or regenerate the plan") from None

@@ -1,0 +1,81 @@
+"""Rich tables for a plan: model, memory against capacity, throughput, budget, schedule, warnings."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from planner.plan import Plan
+from planner.units import fmt_bytes, fmt_count
+
+
+def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
+    t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
+    t.add_column(style="bold cyan", no_wrap=True)
+    t.add_column()
+    for k, v in rows:
+        t.add_row(k, v)
+    return t
+
+
+def _hours(h: float) -> str:
+    return f"{h:.2f} h" if h >= 1 else f"{h * 60:.1f} min"
+
+
+def plan_tables(plan: Plan) -> Group:
+    hw, m, tr, mem, tp, b, s = plan.hardware, plan.model, plan.training, plan.memory, plan.throughput, plan.budget, plan.schedule
+    spec = plan.request.model
+    g = m.params_by_group
+    model = _kv("Model", [
+        ("name", f"{m.name} ({spec.style}: L={spec.n_layer}, d={spec.d_model}, heads={spec.n_head}/{spec.n_kv_head} kv, "
+                 f"d_ff={spec.d_ff}, V={spec.vocab_size:,}, T={spec.seq_len})"),
+        ("parameters", f"{m.n_params:,} ({fmt_count(m.n_params)})"),
+        ("  by group", ", ".join(f"{k} {fmt_count(v)}" for k, v in g.items() if k != "total")),
+        ("matmul params", f"{m.matmul_params:,}"),
+        ("FLOPs/token", f"{m.flops_per_token:.3e} (6·N_matmul + 12·L·d·T)"),
+    ])
+    cap = mem.capacity_bytes
+    memt = Table(title=f"Memory per GPU (peak at {mem.peak_phase.replace('_', ' ')})", title_justify="left")
+    memt.add_column("part", style="cyan")
+    memt.add_column("bytes", justify="right")
+    memt.add_column("share", justify="right")
+    for k, v in {**mem.breakdown, **mem.overhead}.items():
+        memt.add_row(k.replace("_", " "), fmt_bytes(v), f"{v / max(mem.per_gpu_bytes, 1):.0%}")
+    style = "bold green" if mem.fits else "bold red"
+    memt.add_row(Text("total", style=style), Text(fmt_bytes(mem.per_gpu_bytes), style=style),
+                 Text(f"{mem.per_gpu_bytes / cap:.0%} of {fmt_bytes(cap)}", style=style))
+    thr = _kv("Throughput", [
+        ("GPUs", f"{hw.spec} ({hw.num_gpus} GPUs, {hw.nodes} node{'s' if hw.nodes > 1 else ''})"),
+        ("batch", f"device batch {tr.device_batch_size} × seq {tr.seq_len} × {hw.num_gpus} GPUs × "
+                  f"grad accum {tr.grad_accum_steps} = {s.tokens_per_step:,} tokens/step"),
+        ("settings", f"{tr.precision}, {tr.optimizer}, {tr.strategy}, activation checkpointing "
+                     f"{'on' if tr.activation_checkpointing else 'off'}, compile {'on' if tr.compile else 'off'}"),
+        ("tokens/s", f"{tp.tokens_per_sec:,.0f} (MFU {tp.mfu:.0%} assumed, {tp.effective_mfu:.0%} effective)"),
+        ("step time", f"{tp.step_seconds:.3f} s (compute {tp.compute_seconds:.3f} s, comm {tp.comm_seconds:.3f} s, "
+                      f"exposed {tp.exposed_comm_seconds:.3f} s)"),
+    ])
+    epochs = f"{s.epochs:.2f} over {fmt_count(s.dataset_tokens or 0)} tokens" if s.epochs is not None else "n/a (no --dataset-tokens)"
+    bud = _kv("Budget and schedule", [
+        ("price", f"${hw.usd_per_gpu_hour:.2f}/GPU-h from {hw.provider} ({hw.price_date}); ${b.usd_per_hour:.2f}/h"),
+        ("length", f"{_hours(b.hours)}, ${b.usd:,.2f} (set by {b.limited_by})"),
+        ("steps", f"{s.total_steps:,}"),
+        ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}), {s.tokens_per_param:.1f} tokens/param"),
+        ("epochs", epochs),
+        ("checkpoints", f"every {s.checkpoint_every_minutes:g} min ≈ {s.checkpoint_every_steps:,} steps; "
+                        f"{s.num_checkpoints} in all, {fmt_bytes(s.checkpoint_bytes)} each"),
+        ("storage", f"{fmt_bytes(s.storage_bytes)} (keep last {s.keep_last} + best)"),
+        ("launch", " ".join(plan.launch.command)),
+    ])
+    parts: list = [model, memt, thr, bud]
+    if plan.warnings:
+        w = Table(title="Warnings", title_justify="left", show_header=False, box=None)
+        w.add_column(style="yellow")
+        for x in plan.warnings:
+            w.add_row(f"! {x}")
+        parts.append(w)
+    return Group(*parts)
+
+
+def print_plan(plan: Plan, console: Console | None = None) -> None:
+    (console or Console()).print(plan_tables(plan))

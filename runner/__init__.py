@@ -1,0 +1,1 @@
+"""nanoplan runner: the torch training core."""

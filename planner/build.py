@@ -5,13 +5,21 @@ from __future__ import annotations
 import math
 
 from planner import __version__
-from planner.counts import flops_per_token, matmul_params, n_params, param_counts
+from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
 from planner.launch import torchrun_command
-from planner.memory import MemoryEstimate, StepConfig, estimate, matrix_params
+from planner.memory import MemoryEstimate, StepConfig, estimate
 from planner.plan import (
-    BudgetPlan, HardwarePlan, LaunchPlan, ModelPlan, MemoryPlan, Plan, PlanRequest, SchedulePlan,
-    ThroughputPlan, TrainingPlan,
+    BudgetPlan,
+    HardwarePlan,
+    LaunchPlan,
+    MemoryPlan,
+    ModelPlan,
+    Plan,
+    PlanRequest,
+    SchedulePlan,
+    ThroughputPlan,
+    TrainingPlan,
 )
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.throughput import Throughput, estimate_throughput

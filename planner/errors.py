@@ -24,8 +24,26 @@ def pydantic_one_line(exc: Exception, source: str = "") -> str:
         if errs:
             e = errs[0]
             loc = ".".join(str(p) for p in e.get("loc", ())) or "(root)"
-            msg = str(e.get("msg", "invalid")).replace("\n", " ")
+            msg = str(e.get("msg", "invalid")).replace("\n", " ").removeprefix("Value error, ")
             more = f" (+{len(errs) - 1} more)" if len(errs) > 1 else ""
             prefix = f"{source}: " if source else ""
             return f"{prefix}field '{loc}': {msg}{more}"
     return (f"{source}: " if source else "") + str(exc).splitlines()[0]
+
+
+# Plan-request fields as the CLI spells them.
+CLI_FLAGS = {"budget_usd": "--budget", "model": "model dims"}
+
+
+def cli_one_line(exc: Exception) -> str:
+    """pydantic error -> 'option --hours: must be greater than 0' for request fields."""
+    errs = exc.errors() if hasattr(exc, "errors") else []  # type: ignore[attr-defined]
+    if errs:
+        e = errs[0]
+        loc = [str(p) for p in e.get("loc", ())]
+        msg = str(e.get("msg", "invalid")).replace("\n", " ").removeprefix("Value error, ")
+        if not loc:
+            return msg
+        head = CLI_FLAGS.get(loc[0], "--" + loc[0].replace("_", "-"))
+        return f"{head}{'.' + '.'.join(loc[1:]) if len(loc) > 1 else ''}: {msg}"
+    return str(exc).splitlines()[0]

@@ -77,8 +77,8 @@ class PlanRequest(_Strict):
     def _one_length(self) -> PlanRequest:
         given = [n for n in ("budget_usd", "hours", "steps") if getattr(self, n) is not None]
         if len(given) != 1:
-            raise ValueError("exactly one of budget_usd, hours or steps must set the run's length "
-                             f"(got {', '.join(given) or 'none'})")
+            raise ValueError("exactly one of budget_usd (--budget), hours (--hours) or steps (--steps) "
+                             f"must set the run's length; got {', '.join(given) or 'none'}")
         return self
 
 

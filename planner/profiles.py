@@ -107,7 +107,7 @@ class HardwareProfile(BaseModel):
             return pts[0].mfu
         if n_params >= pts[-1].n_params:
             return pts[-1].mfu
-        for a, b in zip(pts, pts[1:]):
+        for a, b in zip(pts, pts[1:], strict=False):
             if a.n_params <= n_params <= b.n_params:
                 t = (math.log(n_params) - math.log(a.n_params)) / (math.log(b.n_params) - math.log(a.n_params))
                 return a.mfu + t * (b.mfu - a.mfu)

@@ -48,9 +48,9 @@ class ModelSpec(BaseModel):
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelSpec:
         if self.d_model % self.n_head:
-            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}")
+            raise ValueError(f"d_model {self.d_model} is not divisible by n_head {self.n_head}: pick n_head dividing d_model")
         if self.n_head % self.n_kv_head:
-            raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}")
+            raise ValueError(f"n_head {self.n_head} is not divisible by n_kv_head {self.n_kv_head}: pick n_kv_head dividing n_head")
         if self.pos == "rotary" and self.head_dim % 2:
             raise ValueError(f"rotary needs an even head_dim, got {self.head_dim}")
         return self

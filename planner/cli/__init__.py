@@ -8,7 +8,7 @@ import sys
 import typer
 from pydantic import ValidationError
 
-from planner.errors import PlanError, pydantic_one_line
+from planner.errors import PlanError, cli_one_line
 
 app = typer.Typer(
     name="nanoplan", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
@@ -22,6 +22,7 @@ from planner.cli import validate as _validate  # noqa: E402,F401
 from planner.cli import run as _run  # noqa: E402,F401
 from planner.cli import export as _export  # noqa: E402,F401
 from planner.cli import calibrate as _calibrate  # noqa: E402,F401
+from planner.cli import data as _data  # noqa: E402,F401
 
 
 def fail(msg: str, code: int = 2) -> typer.Exit:
@@ -37,5 +38,5 @@ def main() -> None:
         typer.echo(f"error: {e}", err=True)
         sys.exit(2)
     except ValidationError as e:
-        typer.echo(f"error: {pydantic_one_line(e)}", err=True)
+        typer.echo(f"error: {cli_one_line(e)}", err=True)
         sys.exit(2)

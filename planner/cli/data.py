@@ -1,0 +1,1 @@
+"""`nanoplan prepare-data`: placeholder until its issue lands."""

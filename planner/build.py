@@ -94,7 +94,11 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
         out.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(cap)} usable after "
                    f"{req.headroom:.0%} headroom; try a smaller device batch, --activation-checkpointing, "
                    "or --strategy zero1/zero2/fsdp")
-    if sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM:
+    if sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM and req.max_epochs and sched.epochs \
+            and sched.epochs >= req.max_epochs * 0.999:
+        out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/param after {sched.epochs:.1f} epochs "
+                   f"(--max-epochs {req.max_epochs:g}); more unique data would let this model train longer")
+    elif sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM:
         out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/param (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
                    f"Chinchilla-optimal is ~20); a smaller model or more hours would use the budget better")
     if sched.epochs is not None and sched.epochs > MAX_EPOCHS:
@@ -134,6 +138,11 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                                 "give --price USD_PER_GPU_HOUR, --hours H or --steps N")
             hours, limited = req.budget_usd / usd_per_hour, "budget"
         steps = max(1, math.floor(hours * 3600 / tp.step_seconds))
+    if req.max_epochs is not None and req.dataset_tokens:
+        cap = max(1, math.floor(req.max_epochs * req.dataset_tokens / tp.tokens_per_step))
+        if steps > cap:
+            steps, limited = cap, "epochs"
+            hours = steps * tp.step_seconds / 3600
     usd = hours * usd_per_hour
 
     N = n_params(spec)

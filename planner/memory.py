@@ -1,31 +1,50 @@
-"""Per-GPU memory model of one runner training step, with a breakdown and a timeline.
+"""Per-GPU memory model of one runner training step, calibrated against traces of the real step.
 
-The peak is taken over the phases of a steady-state step (the second one, when the
-optimizer state exists), not as a plain sum:
+The model replays, in closed form, the allocations and frees that the runner's step makes
+(runner/model.py, runner/step.py) as planner/trace.py measures them with MemTracker, with CUDA
+kernel semantics (CUDA's autocast policy, fused rms_norm, flash attention). Each byte count
+below names the tensor it stands for. Notation: N tokens per micro-batch (B·T), d model width,
+f MLP width, q = n_head·head_dim, kv = n_kv_head·head_dim, V vocabulary, H/KV head counts;
+a = bytes of matmul activations (2 under bf16, 4 in fp32), w = bytes of parameters and
+gradients, r = bytes of the residual stream (fp32 under bf16-autocast).
 
-- forward end / backward start: params + optimizer state + persistent grads + autocast's
-  bf16 weight copies + all saved activations + the loss's saved tensors and its backward
-  temporaries. This is usually the peak (DESIGN.md s3).
-- optimizer step: params + grads + optimizer state + the optimizer's temporaries.
+The peak is the largest of these moments of a steady-state step (the optimizer state exists):
 
-Saved-activation byte counts follow the operations of runner/model.py (one term per saved
-tensor, see `layer_activation_bytes`); tests/test_trace_accuracy.py holds them against a
-MemTracker trace of the real step. Fixed overheads (CUDA context, NCCL, fragmentation) come
-from the profile and are assumptions until calibrated on a GPU.
+- backward_start: the loss's backward. Saved activations of every layer + the loss's saved
+  fp32 logit-sized tensors + two more in flight (the grads of nll_loss and log_softmax);
+  with the chunked loss, one chunk recomputed plus the accumulated head/input gradients.
+- backward_layers: inside a block's backward, at the top (all activations still alive) or the
+  bottom (all gradients made) of the stack; block transients come from walking its backward.
+- backward_end: the embedding backward, when every gradient exists.
+- optimizer_step: parameters + gradients + optimizer state + the optimizer's temporaries.
+
+"params + grads + Adam + activations" is the wrong shape: at backward start the gradients do
+not exist yet (unless accumulated or held in DDP buckets).
+
+Not modelled here (the profile's overhead terms, assumptions until measured on a GPU): CUDA
+context, NCCL buffers, cuBLAS/flash-attention workspaces and allocator fragmentation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Literal
+from functools import lru_cache
+from typing import Any, Literal
 
-from planner.counts import matmul_params, matrix_params, n_params
+from planner.counts import attn_weight_params, mlp_weight_params, n_params, norm_params, param_counts
 from planner.spec import ModelSpec
 
 Precision = Literal["bf16-autocast", "bf16", "fp32"]
 Optimizer = Literal["adamw", "muon"]
 Strategy = Literal["ddp", "zero1", "zero2", "fsdp"]
 STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "fsdp")
+
+F32 = 4          # fp32 bytes: losses, rstd/mean statistics, autocast's fp32 ops
+I64 = 8          # token ids
+
+BREAKDOWN_KEYS = ("parameters", "buffers", "gradients", "optimizer_state", "activations",
+                  "loss_temporaries", "temporaries")
 
 
 @dataclass(frozen=True)
@@ -67,98 +86,718 @@ def _bytes(precision: Precision) -> tuple[int, int, int]:
     return 4, 4, 4
 
 
+@dataclass(frozen=True)
+class _Dims:
+    d: int
+    f: int
+    q: int
+    kv: int
+    H: int
+    KV: int
+    hd: int
+    T: int
+    V: int
+    w: int
+    a: int
+    r: int
+    ac: bool            # bf16 autocast: fp32 weights cast to bf16 per matmul, cached and saved
+    mlp: str
+    ln: bool            # LayerNorm (mean + rstd) rather than RMSNorm (rstd)
+    norm_w: bool        # the norm has a weight
+    rotary: bool
+    qk_norm: bool
+    softcap: bool
+    tied: bool
+    bias: bool
+    learned_pos: bool
+
+
+def _dims(spec: ModelSpec, precision: Precision) -> _Dims:
+    w, a, r = _bytes(precision)
+    return _Dims(
+        d=spec.d_model, f=spec.d_ff, q=spec.n_head * spec.head_dim, kv=spec.n_kv_head * spec.head_dim,
+        H=spec.n_head, KV=spec.n_kv_head, hd=spec.head_dim, T=spec.seq_len, V=spec.vocab_size,
+        w=w, a=a, r=r, ac=precision == "bf16-autocast", mlp=spec.mlp, ln=spec.norm == "layernorm",
+        norm_w=spec.norm != "rmsnorm_noweight", rotary=spec.pos == "rotary", qk_norm=spec.qk_norm,
+        softcap=spec.logit_softcap is not None, tied=spec.tied, bias=spec.bias,
+        learned_pos=spec.pos == "learned",
+    )
+
+
+# --------------------------------------------------------------------------- saved activations
+
+def _stats(D: _Dims) -> int:
+    """Per-row statistics a norm saves: rstd (RMSNorm) or mean and rstd (LayerNorm), fp32."""
+    return 2 * F32 if D.ln else F32
+
+
+def _qk_saved(D: _Dims) -> int:
+    """Bytes per token saved between the qkv projection and attention, for q and k."""
+    qk = D.q + D.kv
+    if D.qk_norm:
+        # the norm's input: an fp32 copy under autocast (CUDA runs rms_norm in fp32), else the
+        # rotary output (or a view of the qkv buffer); its rstd per head; its output as SDPA sees it
+        inp = F32 if D.ac else (D.a if D.rotary else 0)
+        return inp * qk + F32 * (D.H + D.KV) + D.a * qk
+    if D.rotary:
+        return D.a * qk          # rotated q and k (torch.cat outputs) saved by SDPA
+    return 0                     # q and k are views of the qkv buffer
+
+
+def _mlp_saved(D: _Dims) -> int:
+    f, a = D.f, D.a
+    if D.mlp == "relu2":
+        # relu output (for relu's backward); square runs in fp32 under CUDA autocast (pow is on
+        # its fp32 list), which saves an fp32 copy; the square as proj's input (bf16 cast)
+        return a * f + (F32 * f if D.ac else 0) + a * f
+    if D.mlp == "gelu":
+        return 2 * a * f         # fc output (gelu's input), gelu output (proj's input)
+    return 4 * a * f             # fc output (gate and up), silu output, product (proj's input)
+
+
 def layer_activation_bytes(spec: ModelSpec, precision: Precision) -> int:
-    """Saved bytes per token for one block in eager mode, from runner/model.py's ops."""
-    _, a, r = _bytes(precision)
-    d, hd = spec.d_model, spec.head_dim
-    q, kv = spec.n_head * hd, spec.n_kv_head * hd
-    total = 0
-    # attention sub-block
-    total += r * d                    # norm1 saves its input (the residual stream)
-    total += a * d                    # qkv linear saves its (cast) input
-    total += a * (q + 2 * kv)         # qkv output buffer, kept alive by the v view used in SDPA
-    if spec.pos == "rotary":
-        total += a * (q + kv)         # rotated q, k (cat outputs)
-    if spec.qk_norm:
-        total += r * (q + kv)         # rms_norm output (fp32 under autocast), cast again for SDPA
-        total += a * (q + kv)
-    total += a * q + 4 * spec.n_head  # SDPA output and logsumexp
-    total += a * q                    # proj input (contiguous copy of the attention output)
-    # MLP sub-block
-    total += r * d + a * d            # norm2 input, fc cast input
-    total += (4 if spec.mlp == "swiglu" else 2) * a * spec.d_ff
-    if spec.norm == "layernorm":
-        total += 2 * 8                # mean and rstd per token, two norms
-    return total
+    """Bytes per token one block saves for backward (eager, no recompute), from runner/model.py.
+
+    Per-layer constants (the rotary tables cast to bf16 and, under autocast, the bf16 weight
+    copies) are not per token and are left out here; `estimate` adds them.
+    """
+    return _layer_per_token(_dims(spec, precision))
 
 
-def loss_bytes(spec: ModelSpec, tokens: int, chunk: int, precision: Precision) -> tuple[int, int]:
-    """(saved bytes at forward end, extra temporaries at the start of backward)."""
-    _, a, r = _bytes(precision)
-    V = spec.vocab_size
-    per_tok_saved = 4 * V * (2 if spec.logit_softcap else 1)   # tanh out + log_softmax out (fp32)
-    per_tok_grad = 4 * V * 2                                  # two fp32 grads in flight
-    if chunk <= 0 or chunk >= tokens:
-        return tokens * per_tok_saved, tokens * per_tok_grad
-    # chunked: only the chunk inputs are saved; backward recomputes one chunk at a time
-    return 0, chunk * (per_tok_saved + per_tok_grad + a * V)
+def _layer_per_token(D: _Dims) -> int:
+    a, d = D.a, D.d
+    return (2 * D.r * d                   # block input and mid-block residual (norm1/norm2 inputs)
+            + 2 * _stats(D)               # norm1, norm2 statistics
+            + 2 * a * d                   # norm outputs as qkv and fc take them (bf16 casts)
+            + a * (D.q + 2 * D.kv)        # qkv output: v, a view, keeps the whole buffer alive
+            + _qk_saved(D)
+            + a * D.q + F32 * D.H         # attention output and logsumexp (flash attention)
+            + _mlp_saved(D))
+
+
+def _rope_casts(D: _Dims) -> int:
+    """apply_rotary casts cos and sin to q's dtype, for q and for k: 4 × T·hd/2 per layer."""
+    return 2 * D.T * D.hd * D.a if D.rotary and D.a != F32 else 0
+
+
+def _block_weights(D: _Dims) -> int:
+    n_in = 2 if D.mlp == "swiglu" else 1
+    return D.d * (D.q + 2 * D.kv) + D.q * D.d + (n_in + 1) * D.d * D.f
+
+
+def _layer_saved(D: _Dims, N: int) -> int:
+    """One block's saved bytes for N tokens, with its per-layer constants."""
+    casts = 2 * _block_weights(D) if D.ac else 0      # bf16 weight copies (autocast cache, saved by mm)
+    return _layer_per_token(D) * N + _rope_casts(D) + casts
+
+
+# --------------------------------------------------------------------------- the backward walk
+
+class _Walk:
+    """A running allocation level with its peak.
+
+    `kinds` (optional) splits the level by kind and is copied at each new peak; `steps`
+    (optional) records (level, gradient bytes) after every allocation, for the fast path.
+    """
+
+    __slots__ = ("level", "peak", "grads", "peak_grads", "kinds", "at_peak", "steps")
+
+    def __init__(self, level: int, grads: int = 0, kinds: dict[str, int] | None = None,
+                 record: bool = False) -> None:
+        self.level = level
+        self.peak = level
+        self.grads = grads
+        self.peak_grads = grads
+        self.kinds = dict(kinds) if kinds is not None else None
+        self.at_peak = dict(kinds) if kinds is not None else {}
+        self.steps: list[tuple[int, int]] | None = [(level, grads)] if record else None
+
+    def alloc(self, n: int, kind: str = "temporaries") -> None:
+        self.level += n
+        if self.kinds is not None:
+            self.kinds[kind] = self.kinds.get(kind, 0) + n
+        if self.steps is not None:
+            self.steps.append((self.level, self.grads))
+        if self.level > self.peak or (self.level == self.peak and self.grads > self.peak_grads):
+            self.peak = self.level
+            self.peak_grads = self.grads
+            if self.kinds is not None:
+                self.at_peak = dict(self.kinds)
+
+    def free(self, n: int, kind: str = "temporaries") -> None:
+        self.level -= n
+        if self.kinds is not None:
+            self.kinds[kind] = self.kinds.get(kind, 0) - n
+
+    def move(self, n: int, src: str, dst: str) -> None:
+        if dst == "gradients":
+            self.grads += n
+        if src == "gradients":
+            self.grads -= n
+        if self.kinds is not None:
+            self.kinds[src] = self.kinds.get(src, 0) - n
+            self.kinds[dst] = self.kinds.get(dst, 0) + n
+
+
+def _grad(k: _Walk, n: int, fresh: bool) -> None:
+    """AccumulateGrad: a fresh gradient becomes .grad; otherwise it is added in place and freed."""
+    if fresh:
+        k.move(n, "temporaries", "gradients")
+    else:
+        k.free(n)
+
+
+def _linear_bw(D: _Dims, k: _Walk, n_in: int, n_out: int, N: int, *, x_cast: bool, x_free: bool,
+               g_free: bool, fresh: bool, bias: bool | None = None, g_kind: str = "temporaries",
+               hold: bool = False) -> None:
+    """Backward of y = x Wᵀ (+ b) for N rows, with the incoming grad (a·n_out·N) alive."""
+    a, W = D.a, n_in * n_out
+    bias = D.bias if bias is None else bias
+    x_kind = "activations"
+    if D.ac:
+        k.alloc(a * W)                      # mm: grad of the bf16 weight copy
+        k.alloc(a * n_in * N)               # mm: grad of the input
+        if g_free:
+            k.free(a * n_out * N, g_kind)   # the incoming grad
+        k.free(a * W, "activations")        # the saved bf16 weight copy
+        if x_free:
+            k.free(a * n_in * N, x_kind)    # the saved input
+        if x_cast:                          # ToCopyBackward: input grad back to fp32
+            k.alloc(F32 * n_in * N)
+            k.free(a * n_in * N)
+        k.alloc(F32 * W)                    # ToCopyBackward: weight grad to fp32
+        k.free(a * W)
+    else:
+        k.alloc(D.w * W)                    # grad of the weight
+        k.alloc(a * n_in * N)               # grad of the input
+        if g_free:
+            k.free(a * n_out * N, g_kind)
+        if x_free:
+            k.free(a * n_in * N, x_kind)
+    if hold:                                # a tied weight: its grad waits in the engine's buffer
+        k.move(D.w * W, "temporaries", "gradients")
+    else:
+        _grad(k, D.w * W, fresh)
+    if bias:
+        k.alloc(D.w * n_out)                # bias grad (sum over rows)
+        _grad(k, D.w * n_out, fresh)
+
+
+def _norm_bw(D: _Dims, k: _Walk, n: int, rows: int, *, weighted: bool, g_bytes: int, x_bytes: int,
+             x_saved: int, fresh: bool) -> None:
+    """Backward of a norm over `n` features for `rows` rows, with its incoming grad alive.
+
+    g_bytes/x_bytes: element sizes of the incoming grad and of the input; x_saved: bytes of
+    the saved input this frees (0 when it is a view of a tensor kept for something else).
+    LayerNorm: native_layer_norm_backward writes dx (and dgamma, dbeta). RMSNorm: CUDA's fused
+    kernel; the trace's emulation holds an fp32 x̂ (it becomes dx in place) and, when weighted
+    or when the grad is bf16, an fp32 g·w while it computes dx.
+    """
+    if D.ln:
+        k.alloc(x_bytes * n * rows)
+        k.free(g_bytes * n * rows)
+        k.free(x_saved + 2 * F32 * rows, "activations")
+    else:
+        extra = F32 * n * rows if (weighted or g_bytes != F32) else 0
+        k.alloc(F32 * n * rows + extra)     # x̂ (becomes dx in place) and g·w
+        if x_bytes != F32:
+            k.alloc(x_bytes * n * rows)     # dx cast to the input's dtype
+            k.free(F32 * n * rows)
+        k.free(extra)
+        k.free(g_bytes * n * rows)
+        k.free(x_saved + F32 * rows, "activations")
+    if weighted:
+        nw = D.w * n * (2 if D.ln else 1)
+        k.alloc(nw)
+        _grad(k, nw, fresh)
+
+
+def _block_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
+    """One block's backward, from the grad of its output (r·d·N) to the grad of its input."""
+    a, r, d, f, q, kv = D.a, D.r, D.d, D.f, D.q, D.kv
+    ac = D.ac
+    # ---- MLP branch: x_out = x_mid + proj(act(fc(norm2(x_mid))))
+    if ac:
+        k.alloc(a * d * N)                  # AddBackward: the branch's grad, cast to its bf16 output
+    if D.mlp == "relu2":
+        _linear_bw(D, k, f, d, N, x_cast=ac, x_free=True, g_free=ac, fresh=fresh)
+        if ac:                              # pow backward (fp32): grad·(2·x.pow(1)): three fp32 tensors
+            k.alloc(F32 * f * N)
+            k.alloc(F32 * f * N)
+            k.alloc(F32 * f * N)
+            k.free(2 * F32 * f * N)
+            k.free(F32 * f * N)             # incoming grad
+            k.free(F32 * f * N, "activations")  # the saved fp32 copy
+            k.alloc(a * f * N)              # ToCopyBackward of the fp32 upcast
+            k.free(F32 * f * N)
+        else:
+            k.alloc(a * f * N)
+            k.alloc(a * f * N)
+            k.alloc(a * f * N)
+            k.free(2 * a * f * N)
+            k.free(a * f * N)
+        k.alloc(a * f * N)                  # threshold_backward (relu)
+        k.free(a * f * N)
+        k.free(a * f * N, "activations")    # the saved relu output
+        fc_out = f
+    elif D.mlp == "gelu":
+        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, fresh=fresh)
+        k.alloc(a * f * N)                  # gelu_backward
+        k.free(a * f * N)
+        k.free(a * f * N, "activations")    # the saved fc output
+        fc_out = f
+    else:
+        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, fresh=fresh)
+        k.alloc(a * f * N)                  # mul backward: grad of silu(gate)
+        k.alloc(a * f * N)                  # mul backward: grad of up
+        k.free(a * f * N)                   # incoming grad
+        k.free(a * f * N, "activations")    # the saved silu output
+        k.alloc(a * f * N)                  # silu_backward
+        k.free(a * f * N)
+        k.free(2 * a * f * N, "activations")  # the saved fc output (gate and up)
+        k.alloc(2 * a * f * N)              # cat: grad of the fc output
+        k.free(2 * a * f * N)
+        fc_out = 2 * f
+    _linear_bw(D, k, d, fc_out, N, x_cast=ac, x_free=True, g_free=True, fresh=fresh)
+    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, fresh=fresh)
+    k.alloc(r * d * N)                      # the residual grad accumulates the norm2 branch
+    k.free(2 * r * d * N)
+    # ---- attention branch: x_mid = x_in + proj(sdpa(rope/qknorm(qkv(norm1(x_in)))))
+    if ac:
+        k.alloc(a * d * N)
+    _linear_bw(D, k, q, d, N, x_cast=False, x_free=False, g_free=ac, fresh=fresh)
+    k.alloc(a * (q + 2 * kv) * N)           # SDPA backward: dq, dk, dv
+    k.free(a * q * N)                       # incoming grad
+    k.free(a * q * N + F32 * D.H * N, "activations")  # saved output and logsumexp
+    sdpa_qk = a * (q + kv) * N if (D.rotary or D.qk_norm) else 0
+    k.free(sdpa_qk + a * (q + 2 * kv) * N, "activations")  # saved q, k; the qkv buffer (v's base)
+    for n, heads in ((q, D.H), (kv, D.KV)):
+        if D.qk_norm:
+            if ac:
+                k.alloc(F32 * n * N)        # ToCopyBackward: grad of SDPA's bf16 cast, to fp32
+                k.free(a * n * N)
+                _norm_bw(D, k, D.hd, heads * N, weighted=False, g_bytes=F32, x_bytes=F32,
+                         x_saved=F32 * n * N, fresh=fresh)
+                k.alloc(a * n * N)          # ToCopyBackward of the fp32 upcast
+                k.free(F32 * n * N)
+            else:                           # saved input: the rotary output, or a view of qkv
+                _norm_bw(D, k, D.hd, heads * N, weighted=False, g_bytes=a, x_bytes=a,
+                         x_saved=a * n * N if D.rotary else 0, fresh=fresh)
+        if D.rotary:                        # apply_rotary backward: slices, products, cat
+            k.alloc(2 * a * n * N)
+            k.free(2 * a * n * N)
+    if D.rotary:
+        k.free(_rope_casts(D), "activations")
+    k.alloc(a * (q + 2 * kv) * N)           # cat: grad of the qkv output
+    k.free(a * (q + 2 * kv) * N)
+    _linear_bw(D, k, d, q + 2 * kv, N, x_cast=ac, x_free=True, g_free=True, fresh=fresh)
+    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, fresh=fresh)
+    k.alloc(r * d * N)                      # the residual grad accumulates the norm1 branch
+    k.free(2 * r * d * N)
+
+
+# --------------------------------------------------------------------------- loss and head
+
+def _loss_fw_peak(D: _Dims, n: int) -> int:
+    """Logit-sized bytes alive at the loss forward's peak for n rows (its saved ones included).
+
+    logits (bf16) -> .float() -> [÷cap -> tanh -> ×cap] -> log_softmax: with the softcap, three
+    fp32 tensors are alive at tanh and at ×cap (logits, tanh, product) and again at log_softmax.
+    """
+    return F32 * n * D.V * (3 if D.softcap else 2)
+
+
+def _loss_ce_bw(D: _Dims, k: _Walk, n: int) -> None:
+    """Cross-entropy (and softcap) backward for n rows, down to the grad of the matmul's logits.
+
+    Its peak: the saved log_softmax (and tanh) outputs plus the grads of nll_loss and of
+    log_softmax, all fp32 and logit-sized.
+    """
+    NV = n * D.V
+    k.alloc(F32 * NV, "loss_temporaries")           # nll_loss_backward
+    k.alloc(F32 * NV, "loss_temporaries")           # _log_softmax_backward_data
+    k.free(2 * F32 * NV, "loss_temporaries")        # nll grad, saved log_softmax
+    if D.softcap:
+        k.alloc(F32 * NV, "loss_temporaries")       # × cap
+        k.free(F32 * NV, "loss_temporaries")
+        k.alloc(F32 * NV, "loss_temporaries")       # tanh_backward
+        k.free(2 * F32 * NV, "loss_temporaries")    # incoming, saved tanh
+        k.alloc(F32 * NV, "loss_temporaries")       # ÷ cap
+        k.free(F32 * NV, "loss_temporaries")
+    if D.a != F32:
+        k.alloc(D.a * NV, "loss_temporaries")       # ToCopyBackward of .float()
+        k.free(F32 * NV, "loss_temporaries")
+
+
+def _loss_full_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
+    """Unchunked loss backward, then the head matmul's (its input: norm_f's output, a bf16 copy
+    under autocast). A tied head's grad waits in the engine's buffer for the embedding's."""
+    _loss_ce_bw(D, k, N)
+    _linear_bw(D, k, D.d, D.V, N, x_cast=D.ac, x_free=True, g_free=True, fresh=fresh, bias=False,
+               g_kind="loss_temporaries", hold=D.tied)
+
+
+def _loss_chunk_bw(D: _Dims, k: _Walk, c: int, N: int, first: bool, fresh: bool, frees_rows: int = 0) -> None:
+    """One chunk of the chunked loss: recompute (checkpoint), backward, accumulate head grads."""
+    a, V, d = D.a, D.V, D.d
+    cV = c * V
+    W = V * d
+    if D.ac:
+        k.alloc(a * W, "activations")               # recomputed bf16 weight copy
+        k.alloc(a * d * c, "activations")           # recomputed bf16 input rows
+    if a != F32:
+        k.alloc(a * cV, "loss_temporaries")         # logits
+        k.alloc(F32 * cV, "loss_temporaries")       # .float()
+        k.free(a * cV, "loss_temporaries")
+    else:
+        k.alloc(F32 * cV, "loss_temporaries")
+    if D.softcap:
+        k.alloc(F32 * cV, "loss_temporaries")       # ÷ cap
+        k.alloc(F32 * cV, "loss_temporaries")       # tanh (saved)
+        k.free(F32 * cV, "loss_temporaries")
+        k.alloc(F32 * cV, "loss_temporaries")       # × cap
+        k.free(F32 * cV, "loss_temporaries")
+    k.alloc(F32 * cV, "loss_temporaries")           # log_softmax (saved)
+    k.free(F32 * cV, "loss_temporaries")            # the logits, when head_loss returns
+    _loss_ce_bw(D, k, c)
+    # mm backward; the weight is shared by all chunks, so its grad accumulates across them
+    Wg = a * W if D.ac else D.w * W
+    k.alloc(Wg)
+    k.alloc(a * d * c)
+    k.free(a * cV, "loss_temporaries")
+    if D.ac:
+        k.free(a * d * c + a * W, "activations")
+    k.free(frees_rows, "activations")               # the last chunk's rows were the last view of x2
+    if not first:                                   # the engine adds each chunk's weight grad out of place
+        k.alloc(Wg)
+        k.free(2 * Wg)
+    if D.ac:
+        k.alloc(F32 * d * c)                        # ToCopyBackward: rows' grad to fp32
+        k.free(a * d * c)
+    k.alloc(D.r * d * N)                            # slice_backward: a full (N, d) grad
+    k.free((F32 if D.ac else a) * d * c)
+    if not first:
+        k.alloc(D.r * d * N)                        # accumulated out of place
+        k.free(2 * D.r * d * N)
+
+
+# --------------------------------------------------------------------------- the step
+
+def _n_tensors(spec: ModelSpec) -> tuple[int, int]:
+    """(parameter tensors, of which 2-D hidden matrices), as runner/model.py creates them."""
+    norm_t = {"rmsnorm_noweight": 0, "rmsnorm": 1, "layernorm": 2}[spec.norm]
+    per_layer = 4 + (4 if spec.bias else 0) + 2 * norm_t
+    rest = 1 + (1 if spec.pos == "learned" else 0) + norm_t + (0 if spec.tied else 1)
+    return spec.n_layer * per_layer + rest, 4 * spec.n_layer
+
+
+def _optimizer_state(spec: ModelSpec, optimizer: Optimizer, w: int) -> int:
+    """AdamW: exp_avg and exp_avg_sq (param dtype) and an fp32 step per tensor (fused);
+    Muon: one momentum buffer per hidden matrix, AdamW for everything else."""
+    P = n_params(spec)
+    tensors, mats = _n_tensors(spec)
+    if optimizer == "adamw":
+        return 2 * P * w + F32 * tensors
+    M = spec.n_layer * (attn_weight_params(spec) + mlp_weight_params(spec))
+    return M * w + 2 * (P - M) * w + F32 * (tensors - mats)
+
+
+def _muon_temporaries(D: _Dims) -> int:
+    """Largest Muon step temporaries over the hidden matrices (m×n, s = min(m, n)): the Nesterov
+    update (param dtype), its bf16 copy and the Newton-Schulz iterate, gram and update (bf16)."""
+    n_in = 2 if D.mlp == "swiglu" else 1
+    shapes = ((D.q + 2 * D.kv, D.d), (D.d, D.q), (n_in * D.f, D.d), (D.d, D.f))
+    return max(D.w * m * n + 4 * m * n + 4 * min(m, n) ** 2 for m, n in shapes)
+
+
+def _scenario(cfg: StepConfig, grads: int) -> tuple[int, bool]:
+    """The micro-step that peaks: (gradient bytes alive before its backward, fresh gradients?).
+
+    dp=1 without accumulation: backward makes the gradients (fresh), so they grow as it goes.
+    With accumulation a later micro-step adds into gradients that already exist, which is never
+    lower. DDP (gradient_as_bucket_view, as runner/train.py wraps it) holds one copy in its bucket
+    for the whole run; under no_sync (every micro-step but the last) autograd keeps fresh
+    gradients beside it, so with accumulation two copies are alive.
+    """
+    ddp, accum = cfg.dp > 1, cfg.grad_accum_steps > 1
+    if not ddp and not accum:
+        return 0, True
+    return (2 * grads if ddp and accum else grads), False
+
+
+@dataclass(frozen=True)
+class _Model:
+    """What the step's memory needs from the spec, precision and optimizer (cached)."""
+
+    D: _Dims
+    L: int
+    params: int
+    buffers: int
+    optimizer_state: int
+    muon: int
+
+
+@lru_cache(maxsize=4096)
+def _model(spec: ModelSpec, precision: Precision, optimizer: Optimizer) -> _Model:
+    D = _dims(spec, precision)
+    P = n_params(spec)
+    return _Model(D=D, L=spec.n_layer, params=P * D.w, buffers=4 * D.T * D.hd if D.rotary else 0,
+                  optimizer_state=_optimizer_state(spec, optimizer, D.w),
+                  muon=_muon_temporaries(D) if optimizer == "muon" else 0)
+
+
+Steps = list[tuple[int, int]]       # (level, gradient bytes) after each allocation
+
+
+def _step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, fresh: bool, base_grads: int,
+               track: bool) -> dict[str, Any]:
+    """Replay one steady-state step for N tokens per micro-batch.
+
+    Returns, per phase, either (peak level, kinds at the peak) when `track`, or the list of
+    (level, gradient bytes) after every allocation (for the fast path's profiles).
+    """
+    D = m.D
+    w, a, r, d, V, L = D.w, D.a, D.r, D.d, D.V, m.L
+    grads_total = m.params
+    fixed = {"parameters": m.params, "buffers": m.buffers, "optimizer_state": m.optimizer_state}
+    inputs = 2 * I64 * N                                   # token ids and targets
+    layer = _layer_saved(D, N)
+    blocks = L * (r * d * N if ckpt else layer)            # checkpointing keeps block inputs only
+    tail = r * d * N + _stats(D) * N                       # last block output, norm_f statistics
+    tail += I64 * D.T if D.learned_pos else 0              # positions, saved for wpe's backward
+    if chunk:
+        head_saved = r * d * N                             # norm_f output, kept by the checkpointed chunks
+        loss_saved = 0
+    else:
+        head_saved = a * d * N + (a * V * d if D.ac else 0)  # head input and bf16 weight copy
+        loss_saved = F32 * N * V * (2 if D.softcap else 1)   # log_softmax (and tanh) outputs
+    acts = inputs + blocks + tail + head_saved
+    kinds0 = {**fixed, "gradients": base_grads, "activations": acts, "loss_temporaries": loss_saved,
+              "temporaries": 0}
+    level0 = sum(kinds0.values())
+    out: dict[str, Any] = {}
+
+    def single(phase: str, level: int, grads: int, kinds: dict[str, int]) -> None:
+        out[phase] = (level, kinds) if track else [(level, grads)]
+
+    # forward end: everything saved, the loss forward's logits, and under checkpointing the
+    # autocast cache of every layer's bf16 weights (freed only when autocast exits)
+    cache = L * 2 * _block_weights(D) if (ckpt and D.ac) else 0
+    n_fw = chunk or N
+    if chunk:                                              # a chunk's bf16 weight copy and rows
+        fw_extra = a * V * d + a * d * n_fw if D.ac else 0
+    else:                                                  # norm_f output, a local until forward returns
+        fw_extra = r * d * N
+    fw_loss = _loss_fw_peak(D, n_fw)
+    single("forward_end", level0 - loss_saved + fw_loss + cache + fw_extra, base_grads,
+           {**kinds0, "loss_temporaries": fw_loss, "temporaries": cache + fw_extra})
+
+    # backward start: the loss (one chunk at a time when chunked), the head, norm_f
+    k = _Walk(level0, base_grads, kinds0 if track else None, record=not track)
+    if chunk:
+        # chunks run last to first; the second stands for every later one (the first, no larger
+        # and without the accumulated grads, never peaks higher). Without autocast the
+        # recomputed matmul saves a view of norm_f's output, so the last chunk's matmul frees it.
+        early = 0 if D.ac or n_chunks > 2 else head_saved
+        _loss_chunk_bw(D, k, N - (n_chunks - 1) * chunk, N, True, fresh)
+        _loss_chunk_bw(D, k, chunk, N, False, fresh, frees_rows=early)
+        if D.ac:                                           # ToCopyBackward of the weight copy
+            k.alloc(F32 * V * d)
+            k.free(a * V * d)
+        if D.tied:                                         # waits for the embedding's grad
+            k.move(w * V * d, "temporaries", "gradients")
+        else:
+            _grad(k, w * V * d, fresh)
+        k.free(head_saved - early, "activations")
+    else:
+        _loss_full_bw(D, k, N, fresh)
+    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, fresh=fresh)
+    out["backward_start"] = (k.peak, k.at_peak) if track else k.steps
+
+    # blocks: walk one (they are identical); the stack's top and bottom follow by linearity
+    top, top_g = k.level, k.grads
+    top_kinds = dict(k.kinds) if track else {}
+    b = _Walk(0, 0, {} if track else None, record=not track)
+    if ckpt:
+        b.alloc(layer - r * d * N, "activations")         # the block's forward, recomputed
+    _block_bw(D, b, N, fresh)
+    dX, dG = b.level, b.grads
+    if track:
+        best = None
+        for i in (0, L - 1):
+            lv = top + i * dX + b.peak
+            if best is None or lv > best[0]:
+                keys = set(top_kinds) | set(b.kinds) | set(b.at_peak)
+                best = (lv, {key: top_kinds.get(key, 0) + i * b.kinds.get(key, 0) + b.at_peak.get(key, 0)
+                             for key in keys})
+        out["backward_layers"] = best
+    else:
+        steps = b.steps or []
+        out["backward_layers"] = ([(top + lv, top_g + g) for lv, g in steps]
+                                  + [(top + (L - 1) * dX + lv, top_g + (L - 1) * dG + g) for lv, g in steps])
+
+    # embedding backward, with every other gradient made
+    ekinds = ({key: top_kinds.get(key, 0) + L * b.kinds.get(key, 0) for key in set(top_kinds) | set(b.kinds)}
+              if track else None)
+    e = _Walk(top + L * dX, top_g + L * dG, ekinds, record=not track)
+    if D.learned_pos:
+        e.alloc(r * D.T * d)                               # grad of wpe's output, summed over the batch
+        e.alloc(w * D.T * d)                               # embedding_dense_backward for wpe
+        e.free(r * D.T * d)
+        _grad(e, w * D.T * d, fresh)
+        e.free(I64 * D.T, "activations")
+    e.alloc(w * V * d)                                     # embedding_dense_backward for wte
+    e.free(r * d * N)                                      # the incoming grad
+    if D.tied:                                             # the engine adds it to the head's grad
+        e.alloc(w * V * d)
+        e.free(w * V * d, "gradients")
+        e.free(w * V * d)
+    _grad(e, w * V * d, fresh)
+    out["backward_end"] = (e.peak, e.at_peak) if track else e.steps
+
+    # optimizer step: parameters, gradients (the DDP bucket), state, the step's temporaries
+    single("optimizer_step", sum(fixed.values()) + grads_total + inputs + m.muon, grads_total,
+           {**fixed, "gradients": grads_total, "activations": inputs, "temporaries": m.muon})
+    return out
+
+
+def _chunking(cfg: StepConfig) -> tuple[int, int]:
+    N = cfg.device_batch_size * cfg.spec.seq_len
+    chunk = cfg.loss_chunk_tokens if 0 < cfg.loss_chunk_tokens < N else 0
+    return chunk, (math.ceil(N / chunk) if chunk else 0)
+
+
+def _shard_cut(strategy: str, dp: int, kinds: dict[str, int], gathered: int) -> int:
+    """Bytes a sharded strategy saves at a moment of the DDP-state step (minus what it adds)."""
+    if strategy == "ddp" or dp <= 1:
+        return 0
+    return sum(kinds[key] - kinds[key] // dp for key in SHARDED[strategy]) - (gathered if strategy == "fsdp" else 0)
 
 
 def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
              fragmentation: float = 0.0) -> MemoryEstimate:
-    """Per-GPU peak bytes of a steady-state training step."""
+    """Per-GPU peak bytes of a steady-state training step (see the module docstring)."""
     spec = cfg.spec
-    w, a, r = _bytes(cfg.precision)
-    P = n_params(spec)
-    shard_params = cfg.strategy == "fsdp"
-    shard_grads = cfg.strategy in ("zero2", "fsdp")
-    shard_opt = cfg.strategy in ("zero1", "zero2", "fsdp")
+    m = _model(spec, cfg.precision, cfg.optimizer)
+    N = cfg.device_batch_size * spec.seq_len
+    chunk, n_chunks = _chunking(cfg)
+    base_grads, fresh = _scenario(cfg, m.params)
+    moments = _step_walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, fresh, base_grads, track=True)
     dp = max(1, cfg.dp)
-
-    params = P * w // (dp if shard_params else 1)
-    grads = P * w // (dp if shard_grads else 1)
-    if cfg.optimizer == "adamw":
-        opt_elems = 2 * P
-    else:
-        M = matrix_params(spec)
-        opt_elems = M + 2 * (P - M)     # Muon momentum for matrices, AdamW m and v for the rest
-    opt = opt_elems * w // (dp if shard_opt else 1)
-
-    tokens = cfg.device_batch_size * spec.seq_len
-    L = spec.n_layer
-    layer = layer_activation_bytes(spec, cfg.precision) * tokens
-    block_input = r * spec.d_model * tokens
-    if cfg.activation_checkpointing:
-        acts = L * block_input + layer      # block inputs, plus one block recomputed in backward
-    else:
-        acts = L * layer
-    acts += r * spec.d_model * tokens       # final norm input
-    loss_saved, loss_tmp = loss_bytes(spec, tokens, cfg.loss_chunk_tokens, cfg.precision)
-    cast_cache = 2 * matmul_params(spec) if cfg.precision == "bf16-autocast" else 0
-    if shard_params:
-        cast_cache //= dp
-        # two gathered layers in flight (current and prefetched), at compute precision
-        per_layer = (P - spec.vocab_size * spec.d_model * (1 if spec.tied else 2)) // max(L, 1)
-        gathered = 2 * per_layer * a
-    else:
-        gathered = 0
-
-    grads_persist = grads if (cfg.grad_accum_steps > 1 or (dp > 1 and cfg.strategy == "ddp")) else 0
-    fwd_end = params + opt + grads_persist + cast_cache + acts + loss_saved + gathered
-    bwd_start = fwd_end + loss_tmp
-    step = params + grads + opt
-    phases = {"forward_end": fwd_end, "backward_start": bwd_start, "optimizer_step": step}
-    peak_phase = max(phases, key=lambda k: phases[k])
-    if peak_phase == "optimizer_step":
-        breakdown = {"parameters": params, "gradients": grads, "optimizer_state": opt,
-                     "activations": 0, "loss_temporaries": 0, "step_temporaries": 0}
-    else:
-        breakdown = {"parameters": params, "gradients": grads_persist, "optimizer_state": opt,
-                     "activations": acts, "loss_temporaries": loss_saved + loss_tmp,
-                     "step_temporaries": cast_cache + gathered}
-    allocated = phases[peak_phase]
+    phases: dict[str, int] = {}
+    best: tuple[int, str, dict[str, int]] = (-1, "", {})
+    for phase, (level, kinds) in moments.items():
+        breakdown = {key: int(kinds.get(key, 0)) for key in BREAKDOWN_KEYS}
+        breakdown["temporaries"] += level - sum(breakdown.values())
+        if cfg.strategy != "ddp" and dp > 1:
+            breakdown = shard_breakdown(breakdown, cfg.strategy, dp, spec, m.D.w)
+        total = sum(breakdown.values())
+        phases[phase] = total
+        if total > best[0]:
+            best = (total, phase, breakdown)
+    allocated, peak_phase, breakdown = best
     over = dict(overheads or {})
     if fragmentation:
         over["fragmentation"] = int(allocated * fragmentation)
     return MemoryEstimate(breakdown=breakdown, phases=phases, peak_phase=peak_phase,
                           allocated_peak=allocated, overhead=over)
+
+
+# --------------------------------------------------------------------------- the fast path
+
+Line = tuple[int, int, int]          # (bytes at N=0, bytes per token, gradient bytes)
+
+
+def _upper_envelope(lines: list[Line]) -> tuple[Line, ...]:
+    """The lines that are the maximum for some N >= 1 (ties keep the larger gradient bytes)."""
+    lines = sorted(set(lines), key=lambda ln: (ln[1], ln[0], ln[2]))
+    hull: list[Line] = []
+    for ln in lines:
+        while hull and hull[-1][1] == ln[1]:
+            hull.pop()                       # same slope: the later (larger intercept) wins
+        while len(hull) >= 2:
+            (a1, b1, _), (a2, b2, _) = hull[-2], hull[-1]
+            # hull[-1] is useless if ln overtakes hull[-2] no later than hull[-1] does
+            if (ln[0] - a1) * (b2 - b1) >= (a2 - a1) * (ln[1] - b1):
+                hull.pop()
+            else:
+                break
+        hull.append(ln)
+    while len(hull) >= 2 and hull[0][0] + hull[0][1] <= hull[1][0] + hull[1][1]:
+        hull.pop(0)                          # not the maximum anywhere at N >= 1
+    return tuple(hull)
+
+
+@lru_cache(maxsize=16384)
+def _profile(spec: ModelSpec, precision: Precision, optimizer: Optimizer, ckpt: bool, chunk: int,
+             n_chunks_is_2: bool, fresh: bool) -> tuple[tuple[str, tuple[Line, ...]], ...]:
+    """Each phase's peak as the upper envelope of lines in N (every byte count is linear in N)."""
+    m = _model(spec, precision, optimizer)
+    n_chunks = 2 if n_chunks_is_2 else 3
+    one = _step_walk(m, 1, ckpt, chunk, n_chunks, fresh, 0, track=False)
+    two = _step_walk(m, 2, ckpt, chunk, n_chunks, fresh, 0, track=False)
+    out = []
+    for phase, s1 in one.items():
+        s2 = two[phase]
+        out.append((phase, _upper_envelope([(2 * l1 - l2, l2 - l1, g1) for (l1, g1), (l2, _) in zip(s1, s2, strict=True)])))
+    return tuple(out)
+
+
+def allocated_peak(cfg: StepConfig) -> int:
+    """`estimate(cfg).allocated_peak`, fast: per-model profiles are cached, so a search that
+    varies micro-batch, strategy and checkpointing pays a few microseconds per candidate."""
+    spec = cfg.spec
+    m = _model(spec, cfg.precision, cfg.optimizer)
+    N = cfg.device_batch_size * spec.seq_len
+    chunk, n_chunks = _chunking(cfg)
+    base_grads, fresh = _scenario(cfg, m.params)
+    dp = max(1, cfg.dp)
+    sharded = cfg.strategy != "ddp" and dp > 1
+    gathered = fsdp_gathered_bytes(spec, m.D.w) if sharded and cfg.strategy == "fsdp" else 0
+    best = 0
+    for _phase, lines in _profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
+                                  n_chunks == 2, fresh):
+        level, grads = -1, 0
+        for a0, b0, g0 in lines:
+            v = a0 + b0 * N
+            if v > level:
+                level, grads = v, g0
+        level += base_grads
+        if sharded:
+            kinds = {"parameters": m.params, "optimizer_state": m.optimizer_state, "gradients": grads + base_grads}
+            level -= _shard_cut(cfg.strategy, dp, kinds, gathered)
+        if level > best:
+            best = level
+    return best
+
+
+SHARDED: dict[str, tuple[str, ...]] = {
+    "zero1": ("optimizer_state",),
+    "zero2": ("optimizer_state", "gradients"),
+    "fsdp": ("optimizer_state", "gradients", "parameters"),
+}
+
+
+def fsdp_gathered_bytes(spec: ModelSpec, w: int) -> int:
+    """FSDP all-gathers a layer's parameters ahead of use: two layers unsharded at a time."""
+    c = param_counts(spec)
+    return 2 * ((c.attention + c.mlp) // max(spec.n_layer, 1) + 2 * norm_params(spec)) * w
+
+
+def shard_breakdown(breakdown: dict[str, int], strategy: str, dp: int, spec: ModelSpec, w: int) -> dict[str, int]:
+    """Divide the sharded parts of a DDP-state breakdown by dp (analytic; see planner/trace.py)."""
+    out = dict(breakdown)
+    for key in SHARDED[strategy]:
+        out[key] = out[key] // dp
+    if strategy == "fsdp":
+        out["temporaries"] += fsdp_gathered_bytes(spec, w)
+    return out
+
+
+def loss_bytes(spec: ModelSpec, tokens: int, chunk: int, precision: Precision) -> tuple[int, int]:
+    """(logit-sized bytes the loss saves at forward end, more in flight at its backward's peak)."""
+    D = _dims(spec, precision)
+    V = D.V
+    if chunk <= 0 or chunk >= tokens:
+        return F32 * tokens * V * (2 if D.softcap else 1), 2 * F32 * tokens * V
+    return 0, F32 * chunk * V * (4 if D.softcap else 3)

@@ -65,6 +65,7 @@ class PlanRequest(_Strict):
     hours: float | None = Field(default=None, gt=0, le=1e6, **Finite)
     steps: int | None = Field(default=None, gt=0, le=10**12)
     dataset_tokens: int | None = Field(default=None, gt=0)
+    max_epochs: float | None = Field(default=None, gt=0, le=1e6, **Finite)  # stop early at this many epochs
     data_dir: str | None = None
     checkpoint_every_minutes: float = Field(default=60.0, gt=0, le=1e6, **Finite)
     keep_last: int = Field(default=3, ge=1, le=1000)
@@ -142,7 +143,7 @@ class BudgetPlan(_Strict):
     usd: float = Field(ge=0, **Finite)
     hours: float = Field(gt=0, **Finite)
     usd_per_hour: float = Field(ge=0, **Finite)
-    limited_by: Literal["budget", "hours", "steps"]
+    limited_by: Literal["budget", "hours", "steps", "epochs"]
 
 
 class SchedulePlan(_Strict):
@@ -188,6 +189,9 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()

@@ -58,7 +58,8 @@ def plan_tables(plan: Plan) -> Group:
     epochs = f"{s.epochs:.2f} over {fmt_count(s.dataset_tokens or 0)} tokens" if s.epochs is not None else "n/a (no --dataset-tokens)"
     bud = _kv("Budget and schedule", [
         ("price", f"${hw.usd_per_gpu_hour:.2f}/GPU-h from {hw.provider} ({hw.price_date}); ${b.usd_per_hour:.2f}/h"),
-        ("length", f"{_hours(b.hours)}, ${b.usd:,.2f} (set by {b.limited_by})"),
+        ("length", f"{_hours(b.hours)}, ${b.usd:,.2f} (set by {b.limited_by}"
+                   + (f": stops at {plan.request.max_epochs:g} epochs" if b.limited_by == "epochs" else "") + ")"),
         ("steps", f"{s.total_steps:,}"),
         ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}), {s.tokens_per_param:.1f} tokens/param"),
         ("epochs", epochs),

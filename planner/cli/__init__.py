@@ -16,13 +16,13 @@ app = typer.Typer(
 )
 
 # Registration: importing each module adds its commands to `app`.
-from planner.cli import estimate as _estimate  # noqa: E402,F401
-from planner.cli import compare as _compare  # noqa: E402,F401
-from planner.cli import validate as _validate  # noqa: E402,F401
-from planner.cli import run as _run  # noqa: E402,F401
-from planner.cli import export as _export  # noqa: E402,F401
 from planner.cli import calibrate as _calibrate  # noqa: E402,F401
+from planner.cli import compare as _compare  # noqa: E402,F401
 from planner.cli import data as _data  # noqa: E402,F401
+from planner.cli import estimate as _estimate  # noqa: E402,F401
+from planner.cli import export as _export  # noqa: E402,F401
+from planner.cli import run as _run  # noqa: E402,F401
+from planner.cli import validate as _validate  # noqa: E402,F401
 
 
 def fail(msg: str, code: int = 2) -> typer.Exit:

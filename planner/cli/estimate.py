@@ -45,6 +45,7 @@ def estimate(
     loss_chunk_tokens: Annotated[int, Opt(help="Tokens per chunk of the chunked loss (0 = whole batch)")] = 4096,
     compile: Annotated[Optional[bool], Opt("--compile/--no-compile", help="torch.compile (default: on for GPUs)")] = None,
     dataset_tokens: Annotated[Optional[str], Opt(help="Dataset size in tokens: 350M, 1.2B, 5e9")] = None,
+    max_epochs: Annotated[Optional[float], Opt(help="Stop at this many epochs of the dataset (search default: 4)")] = None,
     data: Annotated[Optional[str], Opt(help="DATA_DIR from nanoplan prepare-data (token count, vocab)")] = None,
     provider: Annotated[Optional[str], Opt(help="Price provider (see nanoplan profiles)")] = None,
     price: Annotated[Optional[float], Opt(help="Override: USD per GPU-hour")] = None,
@@ -71,7 +72,7 @@ def estimate(
         total_batch_tokens=total_batch_tokens, precision=precision or ("fp32" if is_cpu else "bf16-autocast"),
         optimizer=optimizer, strategy=strategy, activation_checkpointing=activation_checkpointing,
         loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compile is None else compile,
-        budget_usd=budget, hours=hours, steps=steps, dataset_tokens=ds_tokens,
+        budget_usd=budget, hours=hours, steps=steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
         data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes, keep_last=keep_last,
         headroom=headroom, mfu=mfu, run_dir=run_dir,
     )

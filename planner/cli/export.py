@@ -1,1 +1,56 @@
-"""`nanoplan export`: placeholder until its issue lands."""
+"""`nanoplan export`: an sbatch script or a SkyPilot task YAML for a plan (no torch)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli import app
+from planner.errors import PlanError
+from planner.plan import atomic_write_text, load_plan
+
+Opt = typer.Option
+
+
+@app.command()
+def export(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.json from nanoplan estimate --out")],
+    slurm: Annotated[bool, Opt("--slurm", help="Write a SLURM sbatch script")] = False,
+    skypilot: Annotated[bool, Opt("--skypilot", help="Write a SkyPilot task YAML")] = False,
+    bucket: Annotated[Optional[str], Opt(
+        help="Where the run dir lives: a bucket URL for --skypilot (mounted, required), "
+             "a shared directory for --slurm (default: the plan's run_dir)")] = None,
+    time_margin: Annotated[float, Opt(help="SLURM time limit = plan hours × (1 + margin)")] = 0.1,
+    partition: Annotated[Optional[str], Opt(help="SLURM partition")] = None,
+    account: Annotated[Optional[str], Opt(help="SLURM account")] = None,
+    out: Annotated[Optional[str], Opt(help="Write here (atomically) instead of stdout")] = None,
+) -> None:
+    """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
+    from planner.export import skypilot_task, slurm_script  # noqa: PLC0415
+
+    if slurm == skypilot:
+        raise PlanError("--slurm/--skypilot", "give exactly one of them", "e.g. nanoplan export plan.json --slurm")
+    plan = load_plan(plan_path)
+    if skypilot and (partition or account):
+        raise PlanError("--partition/--account", "are SLURM options", "drop them with --skypilot")
+    if not plan.memory.fits:
+        typer.echo(f"warning: {plan_path} does not fit in GPU memory by the plan's own estimate", err=True)
+    words = ["nanoplan", "export", plan_path, "--slurm" if slurm else "--skypilot"]
+    for flag, value in (("--bucket", bucket), ("--partition", partition), ("--account", account)):
+        if value:
+            words += [flag, value]
+    if slurm and time_margin != 0.1:
+        words += ["--time-margin", f"{time_margin:g}"]
+    cmd = shlex.join(words)
+    if slurm:
+        text = slurm_script(plan, plan_path, run_dir=bucket, time_margin=time_margin, partition=partition,
+                            account=account, command=cmd)
+    else:
+        text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd)
+    if out:
+        atomic_write_text(out, text)
+        typer.echo(f"wrote {out}", err=True)
+    else:
+        typer.echo(text, nl=False)

@@ -1,1 +1,75 @@
-"""`nanoplan run`: placeholder until its issue lands."""
+"""`nanoplan run PLAN.json`: re-validate the plan, preflight, then run it with torchrun.
+
+Nothing here imports torch at import time; the preflight imports it only to count GPUs.
+"""
+
+from __future__ import annotations
+
+import shlex
+from typing import Annotated, Optional
+
+import typer
+
+from planner.cli import app
+from planner.errors import PlanError
+from planner.launch import DEFAULT_MAX_RESTARTS
+
+Opt = typer.Option
+
+
+@app.command()
+def run(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN.json", help="plan.json from nanoplan estimate --out")],
+    run_dir: Annotated[Optional[str], Opt(help="Checkpoints and metrics go here (default: the plan's run_dir)")] = None,
+    data: Annotated[Optional[str], Opt(help="DATA_DIR from nanoplan prepare-data (default: the plan's)")] = None,
+    dry_run: Annotated[bool, Opt("--dry-run", help="Print the torchrun command and exit")] = False,
+    resume: Annotated[bool, Opt("--resume", help="Require a checkpoint in the run dir to resume from")] = False,
+    force: Annotated[bool, Opt("--force", help="Launch despite preflight problems or a different plan's checkpoints")] = False,
+    nnodes: Annotated[Optional[int], Opt(help="Nodes (default: the plan's)")] = None,
+    node_rank: Annotated[int, Opt(help="This node's rank (multi-node)")] = 0,
+    rdzv_endpoint: Annotated[Optional[str], Opt(help="HOST:PORT of the c10d rendezvous (multi-node)")] = None,
+    max_restarts: Annotated[int, Opt(help="torchrun restarts after a worker crash (each resumes)")] = DEFAULT_MAX_RESTARTS,
+) -> None:
+    """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
+    from planner.build import rederive  # noqa: PLC0415
+    from planner.plan import load_plan  # noqa: PLC0415
+    from runner.launcher import build_command, launch_env, run_torchrun  # noqa: PLC0415
+
+    plan = load_plan(plan_path)
+    fresh, stale = rederive(plan, plan_path)
+    if stale:
+        typer.echo(f"warning: {len(stale)} derived number(s) in {plan_path} differ from a fresh derivation "
+                   f"(first: {stale[0]}); `nanoplan validate {plan_path}` lists them", err=True)
+        if not fresh.memory.fits and not force:
+            raise PlanError(plan_path, "no longer fits in memory when re-derived",
+                            "re-plan with nanoplan estimate, or --force")
+    nodes = nnodes or plan.hardware.nodes
+    if nodes != plan.hardware.nodes and not force:
+        raise PlanError("--nnodes", f"{nodes} but the plan is for {plan.hardware.nodes} node(s)", "re-plan, or --force")
+    if nodes > 1 and not rdzv_endpoint:
+        raise PlanError("--rdzv-endpoint", f"{nodes} nodes need a rendezvous endpoint", "pass --rdzv-endpoint HOST:PORT")
+    if max_restarts < 0:
+        raise PlanError("--max-restarts", f"must be >= 0, got {max_restarts}")
+    rdir = run_dir or plan.launch.run_dir
+    cmd = build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                        max_restarts=max_restarts, data=data, resume=resume, force=force)
+    if dry_run:
+        typer.echo(shlex.join(cmd))
+        return
+    from pathlib import Path  # noqa: PLC0415
+
+    from runner.preflight import run_preflight  # noqa: PLC0415
+
+    pf = run_preflight(plan, plan_path, Path(rdir), data, resume)
+    for note in pf.notes:
+        typer.echo(f"note: {note}", err=True)
+    if pf.problems:
+        more = f" (+{len(pf.problems) - 1} more)" if len(pf.problems) > 1 else ""
+        if not force:
+            raise PlanError("preflight", pf.problems[0] + more, "fix it, or pass --force to launch anyway")
+        for p in pf.problems:
+            typer.echo(f"warning: preflight: {p} (--force)", err=True)
+    typer.echo(f"launching: {shlex.join(cmd)}", err=True)
+    rc = run_torchrun(cmd, launch_env(plan), rdir)
+    if rc:
+        raise typer.Exit(rc)

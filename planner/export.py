@@ -1,0 +1,322 @@
+"""Launch files for real clusters: a SLURM sbatch script and a SkyPilot task YAML (pure Python, no torch).
+
+Both run the same torchrun command as `nanoplan run` (planner.launch.torchrun_command). Only the node
+rank and the rendezvous endpoint become the scheduler's variables; `cluster_torchrun_args` builds that
+list, so the tests compare the launch files against it argument by argument.
+"""
+
+from __future__ import annotations
+
+import math
+import posixpath
+import shlex
+
+import yaml
+
+from planner.errors import PlanError
+from planner.launch import DEFAULT_MAX_RESTARTS, DEFAULT_RDZV_PORT, torchrun_command
+from planner.plan import Plan
+
+# SkyPilot accelerator names for the built-in profiles (`sky show-gpus` lists them).
+SKYPILOT_ACCELERATORS = {
+    "H100-SXM": "H100",
+    "H100-PCIe": "H100",  # SkyPilot has one H100 name; most clouds serve it as SXM (faster than planned)
+    "A100-80GB": "A100-80GB",
+    "A100-40GB": "A100",
+    "H200": "H200",
+    "B200": "B200",
+}
+TORCH_VERSION = "2.13.0"        # the torch the runner is tested with
+CPUS_PER_GPU = 8                # --cpus-per-task = this × GPUs per node; edit for your nodes
+CHECKPOINT_WRITE_BYTES_PER_S = 1e9  # assumption: 1 GB/s to a shared filesystem or bucket mount
+BASE_GRACE_S = 120              # rendezvous teardown, the step in flight, the meta file
+SKYPILOT_MOUNT = "/checkpoints"  # where the bucket is mounted on every SkyPilot node
+RESUME_FLAG = "--resume"        # appended after a SLURM requeue (the runner also resumes by itself)
+CHECKPOINT_META_GLOB = "checkpoints/*/meta.json"  # a complete checkpoint (runner/checkpoint.py layout)
+
+# Placeholders put into torchrun_command, then replaced by the scheduler's shell variables.
+_NODE_RANK = "@NANOPLAN_NODE_RANK@"
+_ENDPOINT = "@NANOPLAN_RDZV_ENDPOINT@"
+
+
+def cluster_torchrun_args(plan: Plan, plan_path: str, run_dir: str, node_rank: int | str,
+                          rdzv_endpoint: str) -> list[str]:
+    """The torchrun command a cluster node runs: `nanoplan run`'s, with this node's rank and endpoint."""
+    hw = plan.hardware
+    return torchrun_command(plan_path, hw.gpus_per_node, run_dir, nnodes=hw.nodes, node_rank=node_rank,
+                            rdzv_endpoint=rdzv_endpoint, max_restarts=DEFAULT_MAX_RESTARTS, python="python")
+
+
+def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, endpoint_var: str) -> list[str]:
+    """The command, one shell word per line; the rank and endpoint expand from shell variables."""
+    words = []
+    for arg in cluster_torchrun_args(plan, plan_path, run_dir, _NODE_RANK, _ENDPOINT):
+        q = shlex.quote(arg)  # the placeholders hold only characters shlex leaves bare
+        words.append(q.replace(_NODE_RANK, f'"${node_rank_var}"').replace(_ENDPOINT, f'"{endpoint_var}"'))
+    # Keep "--plan PATH" style pairs on one line: a word that starts with "-" followed by a value.
+    lines: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w.startswith("-") and "=" not in w and i + 1 < len(words) and not words[i + 1].startswith("-"):
+            lines.append(f"{w} {words[i + 1]}")
+            i += 2
+        else:
+            lines.append(w)
+            i += 1
+    if len(lines) > 1 and lines[1].startswith("-m "):  # "python -m torch.distributed.run" on one line
+        lines[:2] = [f"{lines[0]} {lines[1]}"]
+    return lines
+
+
+def _check_gpu_plan(plan: Plan, target: str) -> None:
+    if plan.request.profile.kind != "gpu":
+        raise PlanError("plan", f"is for {plan.hardware.spec}, a CPU plan; {target} export requests GPUs",
+                        "make a GPU plan, e.g. nanoplan estimate --gpu 2x8xH100 ... --out plan.json")
+
+
+def _margin(time_margin: float) -> float:
+    if not (math.isfinite(time_margin) and 0 <= time_margin <= 10):
+        raise PlanError("--time-margin", f"must be a fraction between 0 and 10, got {time_margin}",
+                        "e.g. 0.1 for 10% on top of the plan's hours")
+    return time_margin
+
+
+def time_limit_seconds(plan: Plan, time_margin: float) -> int:
+    """The plan's hours plus the margin, rounded up to a whole minute."""
+    return max(60, math.ceil(plan.budget.hours * (1 + _margin(time_margin)) * 60) * 60)
+
+
+def format_slurm_time(seconds: int) -> str:
+    """SLURM's D-HH:MM:SS."""
+    d, rest = divmod(int(seconds), 86400)
+    h, rest = divmod(rest, 3600)
+    m, s = divmod(rest, 60)
+    return f"{d}-{h:02d}:{m:02d}:{s:02d}"
+
+
+def grace_seconds(plan: Plan) -> int:
+    """Time to finish the step in flight and write a checkpoint (at an assumed 1 GB/s), whole minutes."""
+    need = BASE_GRACE_S + 2 * plan.throughput.step_seconds + plan.schedule.checkpoint_bytes / CHECKPOINT_WRITE_BYTES_PER_S
+    return min(65_535, math.ceil(need / 60) * 60)
+
+
+def _under(base: str, run_dir: str) -> str:
+    """The plan's run dir placed under a shared directory or mount point."""
+    rel = posixpath.normpath(run_dir.replace("\\", "/")).lstrip("/")
+    if rel in ("", ".") or rel.startswith(".."):
+        rel = posixpath.basename(posixpath.normpath(run_dir)) or "run"
+    return posixpath.join(base.rstrip("/") or "/", rel)
+
+
+def _summary(plan: Plan) -> str:
+    b, s = plan.budget, plan.schedule
+    return (f"{plan.model.name} ({plan.model.n_params:,} params) on {plan.hardware.spec}: "
+            f"{b.hours:.2f} h, {s.total_steps:,} steps, {s.total_tokens:,} tokens, ${b.usd:,.2f}")
+
+
+def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time_margin: float = 0.1,
+                 partition: str | None = None, account: str | None = None, command: str = "") -> str:
+    """An sbatch script: one torchrun agent per node, c10d rendezvous on the first node, requeue on preemption."""
+    _check_gpu_plan(plan, "SLURM")
+    if run_dir is not None and "://" in run_dir:
+        raise PlanError("--bucket", f"{run_dir!r} is a URL; SLURM nodes need a shared filesystem path",
+                        "give a directory all nodes see, e.g. --bucket /scratch/$USER/nanoplan")
+    hw = plan.hardware
+    rd = _under(run_dir, plan.launch.run_dir) if run_dir else plan.launch.run_dir
+    limit = time_limit_seconds(plan, time_margin)
+    lead = min(grace_seconds(plan), limit // 2)
+    shutdown = max(10, lead - 30)
+    multi = hw.nodes > 1
+    name = f"nanoplan-{plan.model.name}"
+    for field, value in (("--partition", partition), ("--account", account)):
+        if value is not None and (not value or any(c.isspace() for c in value)):
+            raise PlanError(field, f"must be one word, got {value!r}", "give the name sbatch knows")
+    sb = [
+        f"--job-name={name}",
+        f"--nodes={hw.nodes}",
+        "--ntasks-per-node=1",
+        f"--gpus-per-node={hw.gpus_per_node}",
+        f"--cpus-per-task={CPUS_PER_GPU * hw.gpus_per_node}",
+        f"--time={format_slurm_time(limit)}",
+        "--requeue",
+        f"--signal=B:USR1@{lead}",
+        "--output=%x-%j.out",
+        "--open-mode=append",
+    ]
+    if hw.gpus_per_node == plan.request.profile.gpus_per_node:
+        sb.append("--exclusive")
+    if partition:
+        sb.append(f"--partition={partition}")
+    if account:
+        sb.append(f"--account={account}")
+
+    lines = ["#!/bin/bash",
+             f"# nanoplan: {_summary(plan)}",
+             f"# Generated by: {command or 'nanoplan export PLAN --slurm'}",
+             f"# Submit where {plan_path} and {rd} resolve (relative paths start at the submit directory;",
+             "# every node must see both, so use a shared filesystem):",
+             "#     sbatch job.sbatch",
+             f"# Time limit: the plan's {plan.budget.hours:.2f} h + {time_margin:.0%} margin. The runner stops itself at the",
+             "# plan's budget; if the limit comes first, this script makes it checkpoint, then requeues the job.",
+             "# One task per node: each runs a torchrun agent that starts the node's workers.",
+             f"# --cpus-per-task assumes {CPUS_PER_GPU} cores per GPU; --gpus-per-node may need a type on your site"]
+    if not partition:
+        lines.append("# (add --partition=NAME / --account=NAME with nanoplan export, or below)")
+    lines += [f"#SBATCH {x}" for x in sb]
+    lines += [
+        "",
+        "set -uo pipefail  # no -e: the requeue logic below must run even when the step fails",
+        "",
+        "# Activate the environment that has nanoplan and a CUDA build of torch, for example:",
+        "#   source .venv/bin/activate",
+        "",
+    ]
+    if multi:
+        lines += [
+            "# c10d rendezvous on the first node of the allocation.",
+            'MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)',
+            f"MASTER_PORT={DEFAULT_RDZV_PORT}",
+            "export MASTER_ADDR MASTER_PORT",
+            "",
+        ]
+    lines += [
+        "# On SIGTERM, torchrun gives its workers this long to write their checkpoint before SIGKILL.",
+        f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown}",
+        "",
+        "# After a requeue, resume from the run dir's latest checkpoint. The runner finds it by itself too;",
+        f"# {RESUME_FLAG} is passed only when one exists, because it refuses to start without one.",
+        f"RUN_DIR={shlex.quote(rd)}",
+        'NANOPLAN_RESUME=""',
+        f'if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && compgen -G "$RUN_DIR/{CHECKPOINT_META_GLOB}" >/dev/null; then',
+        f'    NANOPLAN_RESUME="{RESUME_FLAG}"',
+        "fi",
+        "export NANOPLAN_RESUME",
+        "",
+        f"# USR1 comes {lead} s before the time limit (--signal): SIGTERM the job step so the runner",
+        "# checkpoints and exits, then requeue. (srun itself must not get SIGTERM: it would SIGKILL the tasks.)",
+        "NANOPLAN_REQUEUE=0",
+        "on_time_limit() {",
+        '    echo "nanoplan: time limit near; asking the runner to checkpoint, then requeueing" >&2',
+        "    NANOPLAN_REQUEUE=1",
+        '    scancel --signal=TERM "$SLURM_JOB_ID"',
+        "}",
+        "# Preemption and scancel send SIGTERM to the step too: the runner checkpoints; SLURM decides on requeue.",
+        "on_term() {",
+        '    echo "nanoplan: SIGTERM; the runner checkpoints and exits" >&2',
+        "}",
+        "trap on_time_limit USR1",
+        "trap on_term TERM",
+        "",
+        "# The same torchrun command as `nanoplan run --dry-run`; bash -c expands the node rank on each node.",
+        "# (Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch, so it is passed again.)",
+        "srun --kill-on-bad-exit=1 --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" bash -c " + _single_quote_block(
+            _shell_lines(plan, plan_path, rd, "SLURM_NODEID", "$MASTER_ADDR:$MASTER_PORT"),
+            prefix="exec ", tail=" $NANOPLAN_RESUME") + " &",
+        "STEP_PID=$!",
+        "",
+        "# A trapped signal interrupts `wait`; keep waiting until the step has exited.",
+        "while :; do",
+        '    wait "$STEP_PID"',
+        "    STATUS=$?",
+        '    kill -0 "$STEP_PID" 2>/dev/null || break',
+        "done",
+        'if [ "$NANOPLAN_REQUEUE" = 1 ]; then',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$STATUS"',
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _single_quote_block(lines: list[str], prefix: str, tail: str) -> str:
+    """A multi-line command as one single-quoted bash -c argument, with line continuations."""
+    body = prefix + " \\\n    ".join(lines) + tail
+    return "'\n" + body.replace("'", "'\"'\"'") + "'"
+
+
+def _literal_str(dumper: yaml.SafeDumper, data: str) -> yaml.Node:
+    style = "|" if "\n" in data else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", data, style=style)
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """SafeDumper that writes multi-line strings (setup, run) as readable literal blocks."""
+
+
+_BlockDumper.add_representer(str, _literal_str)
+
+
+def _skypilot_plan_path(plan_path: str) -> str:
+    p = posixpath.normpath(plan_path.replace("\\", "/"))
+    if posixpath.isabs(p) or p.startswith(".."):
+        raise PlanError("PLAN", f"{plan_path!r} is outside the launch directory, which SkyPilot syncs as workdir",
+                        "copy the plan into the directory you run `sky launch` from and give a relative path")
+    return p
+
+
+def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: str = "") -> str:
+    """A SkyPilot task YAML: accelerators and nodes from the plan, the run dir on a mounted bucket."""
+    _check_gpu_plan(plan, "SkyPilot")
+    if not bucket:
+        raise PlanError("--bucket", "SkyPilot needs a bucket for the run dir, or the checkpoints vanish with the VMs",
+                        "give --bucket s3://BUCKET/PATH (or gs://, r2://, ...)")
+    if "://" not in bucket:
+        raise PlanError("--bucket", f"{bucket!r} is not a bucket URL", "give e.g. s3://BUCKET/PATH or gs://BUCKET/PATH")
+    hw = plan.hardware
+    prof = hw.profile_name
+    acc = SKYPILOT_ACCELERATORS.get(prof, prof)
+    path = _skypilot_plan_path(plan_path)
+    rd = _under(SKYPILOT_MOUNT, plan.launch.run_dir)
+    lead = grace_seconds(plan)
+    multi = hw.nodes > 1
+    run = [
+        "set -euo pipefail",
+        f"# The plan's batch and schedule assume {hw.nodes} node(s) x {hw.gpus_per_node} GPUs: refuse anything else.",
+        f'if [ "$SKYPILOT_NUM_NODES" != {hw.nodes} ] || [ "$SKYPILOT_NUM_GPUS_PER_NODE" != {hw.gpus_per_node} ]; then',
+        f'  echo "nanoplan: the plan needs {hw.nodes} node(s) x {hw.gpus_per_node} GPUs,'
+        ' got $SKYPILOT_NUM_NODES x $SKYPILOT_NUM_GPUS_PER_NODE" >&2',
+        "  exit 1",
+        "fi",
+    ]
+    if multi:
+        run += ["# c10d rendezvous on the head node: the first line of SKYPILOT_NODE_IPS.",
+                'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+                "export MASTER_ADDR"]
+    run += ["# The same torchrun command as `nanoplan run --dry-run`. The run dir is on the bucket, so a",
+            "# recovered job (sky jobs launch) resumes from its latest checkpoint by itself.",
+            "exec " + " \\\n  ".join(_shell_lines(plan, path, rd, "SKYPILOT_NODE_RANK", "$MASTER_ADDR:$MASTER_PORT"))]
+    setup = [
+        "set -euo pipefail",
+        "# Install the CUDA build of torch your nodes need, pinned, before nanoplan (the PyPI Linux",
+        f"# wheel of torch {TORCH_VERSION} is a CUDA build; use --index-url for another CUDA version).",
+        f'pip install "torch=={TORCH_VERSION}"',
+        "# The workdir is a nanoplan checkout: install it; otherwise install the released package.",
+        "if [ -f pyproject.toml ]; then pip install -e .; else pip install nanoplan; fi",
+    ]
+    task = {
+        "name": f"nanoplan-{plan.model.name}",
+        "workdir": ".",
+        "num_nodes": hw.nodes,
+        "resources": {"accelerators": f"{acc}:{hw.gpus_per_node}"},
+        "envs": {"MASTER_PORT": str(DEFAULT_RDZV_PORT),
+                 "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(10, lead - 30))},
+        "file_mounts": {SKYPILOT_MOUNT: {"source": bucket, "mode": "MOUNT"}},
+        "setup": "\n".join(setup) + "\n",
+        "run": "\n".join(run) + "\n",
+    }
+    head = [f"# nanoplan: {_summary(plan)}",
+            f"# Generated by: {command or 'nanoplan export PLAN --skypilot'}",
+            f"# Launch from the directory that {path} is relative to; it is synced to the nodes as the workdir:",
+            "#     sky launch -c nanoplan task.yaml     (or `sky jobs launch task.yaml` to recover from preemption)",
+            f"# Run dir and checkpoints: {rd}, where {SKYPILOT_MOUNT} is {bucket} mounted (mode MOUNT)."]
+    if acc != prof:
+        head.append(f"# accelerators: profile {prof} -> SkyPilot {acc}.")
+    if prof == "H100-PCIe":
+        head.append("# SkyPilot's H100 is usually SXM, which is faster than this PCIe plan assumed.")
+    if prof not in SKYPILOT_ACCELERATORS:
+        head.append(f"# {prof} is a custom profile: check its name with `sky show-gpus`.")
+    if plan.request.data_dir:
+        head.append(f"# Data: {plan.request.data_dir} must exist on every node (inside the workdir, or mount it).")
+    return "\n".join(head) + "\n" + yaml.dump(task, Dumper=_BlockDumper, sort_keys=False, default_flow_style=False,
+                                              width=1000)

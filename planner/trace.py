@@ -1,0 +1,426 @@
+"""Traced truth: parameters, FLOPs and peak memory of the runner's real training step.
+
+Everything here imports torch lazily (inside functions), so `import planner.trace` is cheap
+and the planner stays torch-free until a trace is asked for.
+
+- Parameters: the runner's GPT built on the meta device (no memory, any size).
+- FLOPs: `torch.utils.flop_counter.FlopCounterMode` over forward + backward on meta, cross-checked
+  with fvcore's `FlopCountAnalysis` (forward only, one multiply-add = one flop).
+- Memory: two real training steps of the runner (`runner.step.build_optimizer`, `train_step`,
+  autocast, the model's own loss chunking and activation checkpointing, gradient accumulation)
+  under `FakeTensorMode` on CPU, measured by `torch.distributed._tools.mem_tracker.MemTracker`.
+
+Two deliberate departures from a plain CPU run, both documented in docs/trace.md:
+
+1. CUDA kernel semantics (``kernels="cuda"``, the default). A CPU build cannot trace fake CUDA
+   tensors, and a few CPU kernels save different tensors than their CUDA counterparts. The trace
+   therefore applies CUDA's autocast policy to the ops the runner uses that CUDA autocasts to
+   fp32 and CPU does not (``rms_norm``, ``pow``/``square``, ``layer_norm``, ``softmax``,
+   ``log_softmax``), and runs ``rms_norm`` as CUDA's fused kernel does: it saves its input and
+   the per-row rstd, where the CPU decomposition also saves the normalised tensor.
+   ``kernels="cpu"`` traces the plain CPU path (what a CPU run of the runner does).
+2. Data-parallel state. DDP cannot wrap fake tensors, so one rank's DDP state is reproduced as
+   torch's reducer behaves with ``gradient_as_bucket_view=True`` (runner/train.py): one flat
+   bucket of all parameters that lives for the whole run, gradients copied into it and then
+   viewed from it after each synced backward, and fresh gradients under ``no_sync``.
+   tests/test_trace.py checks this against a real DDP on a fake process group byte for byte.
+   Sharded strategies (zero1, zero2, fsdp) are traced as DDP and their sharded parts
+   (optimizer state; + gradients; + parameters) at the peak are divided by the data-parallel
+   degree analytically.
+
+Not traced: CUDA context, NCCL buffers, cuBLAS/flash-attention workspaces and allocator
+fragmentation. Those are the profile's overhead terms (assumptions until measured on a GPU).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from planner.counts import flops_per_token, n_params
+from planner.memory import MemoryEstimate, StepConfig, estimate
+from planner.spec import ModelSpec
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+    from torch import nn
+
+Kernels = Literal["cuda", "cpu"]
+CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+# Optimizer hyper-parameters do not change memory; these match planner.plan.Hyper's defaults.
+_HYPER = dict(lr=3e-4, matrix_lr=0.02, weight_decay=0.0, betas=(0.9, 0.95))
+
+
+# --------------------------------------------------------------------------- parameters
+
+def build_meta_model(spec: ModelSpec, loss_chunk_tokens: int = 0, activation_checkpointing: bool = False) -> nn.Module:
+    """The runner's GPT on the meta device: shapes only, no memory."""
+    import torch
+
+    from runner.model import GPT
+
+    with torch.device("meta"):
+        return GPT(spec, loss_chunk_tokens=loss_chunk_tokens, activation_checkpointing=activation_checkpointing)
+
+
+def meta_param_count(spec: ModelSpec) -> int:
+    """Parameters of the runner's model, counted on the meta device."""
+    return sum(p.numel() for p in build_meta_model(spec).parameters())
+
+
+# --------------------------------------------------------------------------- FLOPs
+
+@dataclass(frozen=True)
+class TracedFlops:
+    """Training FLOPs per token, three ways. 2 FLOPs per multiply-add throughout, except
+    `fvcore_forward_macs`, which is fvcore's own unit (1 per multiply-add, forward only)."""
+
+    spec_name: str
+    tokens: int                       # batch × seq_len traced
+    analytic_per_token: int           # planner.counts.flops_per_token
+    flop_counter_per_token: float     # FlopCounterMode, forward + backward
+    fvcore_forward_macs: int | None   # fvcore total for one forward of `tokens`
+    fvcore_per_token: float | None    # fvcore × 2 (MAC -> FLOPs) × 3 (backward = 2 × forward)
+    by_op: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def flop_counter_error(self) -> float:
+        return self.analytic_per_token / self.flop_counter_per_token - 1.0
+
+    @property
+    def fvcore_error(self) -> float | None:
+        return None if self.fvcore_per_token is None else self.analytic_per_token / self.fvcore_per_token - 1.0
+
+
+def _sdpa_fvcore_handle(inputs: list[Any], outputs: list[Any]) -> int:
+    """fvcore handle for aten::scaled_dot_product_attention: QKᵀ and AV, in multiply-adds.
+
+    Counted over the full T×S score matrix (no saving for the causal mask), the same
+    convention as FlopCounterMode and planner.counts.
+    """
+    from fvcore.nn.jit_handles import get_shape
+
+    q, k = get_shape(inputs[0]), get_shape(inputs[1])
+    *batch, t, e = q
+    s = k[-2]
+    n = 1
+    for b in batch:
+        n *= b
+    return 2 * n * t * s * e
+
+
+def trace_flops(spec: ModelSpec, batch: int = 1, use_fvcore: bool = True) -> TracedFlops:
+    """Count training FLOPs of the runner's model on meta tensors.
+
+    The loss is traced unchunked and without activation checkpointing: both recompute parts of
+    the forward in backward, which costs time but is not model FLOPs (MFU counts model FLOPs).
+    """
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    model = build_meta_model(spec, loss_chunk_tokens=0, activation_checkpointing=False)
+    idx = torch.zeros((batch, spec.seq_len), dtype=torch.long, device="meta")
+    with FlopCounterMode(display=False) as fc:
+        loss = model(idx, idx)
+        loss.backward()
+    total = fc.get_total_flops()
+    by_op = {str(k): int(v) for k, v in fc.get_flop_counts().get("Global", {}).items()}
+    tokens = batch * spec.seq_len
+    macs = None
+    if use_fvcore:
+        macs = fvcore_forward_macs(spec, batch)
+    return TracedFlops(
+        spec_name=spec.name, tokens=tokens, analytic_per_token=flops_per_token(spec),
+        flop_counter_per_token=total / tokens, fvcore_forward_macs=macs,
+        fvcore_per_token=None if macs is None else 6 * macs / tokens, by_op=by_op,
+    )
+
+
+def fvcore_forward_macs(spec: ModelSpec, batch: int = 1) -> int:
+    """fvcore's count of one forward (logits for `batch` sequences), in multiply-adds."""
+    import torch
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fvcore imports torch.jit.script (DeprecationWarning)
+        from fvcore.nn import FlopCountAnalysis
+
+    model = build_meta_model(spec).eval()
+    idx = torch.zeros((batch, spec.seq_len), dtype=torch.long, device="meta")
+    fca = FlopCountAnalysis(model, (idx,))
+    fca.set_op_handle("aten::scaled_dot_product_attention", _sdpa_fvcore_handle)
+    fca.unsupported_ops_warnings(False).uncalled_modules_warnings(False).tracer_warnings("none")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return int(fca.total())
+
+
+# --------------------------------------------------------------------------- CUDA kernel semantics
+
+def _cuda_semantics() -> contextlib.AbstractContextManager[Any]:
+    """Give the runner's ops CUDA's autocast policy and fused rms_norm, for the duration of a trace.
+
+    Swaps `F.rms_norm` and the pow/square entry points for versions that behave as on CUDA, and
+    restores them on exit (the model looks them up at call time, so checkpoint recomputation in
+    backward sees the same semantics as the forward).
+    """
+    import torch
+    import torch.nn.functional as F
+
+    low = (torch.bfloat16, torch.float16)
+
+    def acc(t: torch.Tensor) -> torch.Tensor:
+        return t.float() if t.dtype in low else t
+
+    class FusedRMSNorm(torch.autograd.Function):
+        """Saves what CUDA's `_fused_rms_norm` saves: input, rstd (fp32, one per row), weight.
+
+        Backward allocates little beyond its outputs, as the fused kernel does.
+        """
+
+        @staticmethod
+        def forward(ctx: Any, x: torch.Tensor, shape: tuple[int, ...], w: torch.Tensor | None,
+                    eps: float | None) -> torch.Tensor:
+            dims = tuple(range(-len(shape), 0))
+            e = torch.finfo(x.dtype).eps if eps is None else eps
+            xf = acc(x)
+            rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True).add_(e))
+            y = xf * rstd
+            if w is not None:
+                y.mul_(w)
+            ctx.save_for_backward(x, rstd, w)
+            ctx.dims = dims
+            return y.to(x.dtype)
+
+        @staticmethod
+        def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
+            x, rstd, w = ctx.saved_tensors
+            n = 1
+            for d in ctx.dims:
+                n *= x.shape[d]
+            lead = tuple(range(x.dim() - len(ctx.dims)))
+            xhat = x * rstd                                   # fp32 (rstd is fp32); becomes dx in place
+            dw = None
+            if w is not None:
+                gw = g * xhat                                 # fp32 scratch: first g·x̂ for dw ...
+                if ctx.needs_input_grad[2]:
+                    dw = gw.sum(lead).to(w.dtype)
+                torch.mul(g, w, out=gw)                       # ... then g·w, in the same buffer
+            else:
+                gw = acc(g)
+            flat = (*x.shape[: x.dim() - len(ctx.dims)], 1, n)
+            dot = torch.matmul(gw.reshape(flat), xhat.reshape(flat).transpose(-1, -2)).reshape(rstd.shape) / n
+            dx = xhat.mul_(dot).neg_().add_(gw).mul_(rstd).to(x.dtype)
+            return dx, None, dw, None
+
+    def autocast_on() -> bool:
+        return torch.is_autocast_enabled("cpu")
+
+    def up(t: Any) -> Any:
+        return t.float() if isinstance(t, torch.Tensor) and t.dtype in low else t
+
+    orig_rms_norm = F.rms_norm
+
+    def rms_norm(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+                 eps: float | None = None) -> torch.Tensor:
+        if autocast_on():                 # CUDA autocast runs rms_norm in fp32
+            x, weight = up(x), up(weight)
+        with torch.autocast("cpu", enabled=False):
+            return FusedRMSNorm.apply(x, tuple(normalized_shape), weight, eps)
+
+    def fp32_under_autocast(orig: Any) -> Any:
+        def wrapped(x: Any, *args: Any, **kwargs: Any) -> Any:
+            return orig(up(x) if autocast_on() else x, *args, **kwargs)
+        return wrapped
+
+    # (owner, attribute) -> replacement. pow/square: CUDA autocast's fp32 list (ReLU² in nanochat).
+    patches: dict[tuple[Any, str], Any] = {(F, "rms_norm"): rms_norm}
+    for owner, name in ((torch.Tensor, "square"), (torch.Tensor, "pow"), (torch.Tensor, "__pow__"),
+                        (torch, "square"), (torch, "pow")):
+        patches[(owner, name)] = fp32_under_autocast(getattr(owner, name))
+
+    @contextlib.contextmanager
+    def applied() -> Iterator[None]:
+        saved = {key: key[0].__dict__.get(key[1], _MISSING) for key in patches}
+        try:
+            for (owner, name), fn in patches.items():
+                setattr(owner, name, fn)
+            yield
+        finally:
+            for (owner, name), old in saved.items():
+                if old is _MISSING:
+                    delattr(owner, name)
+                else:
+                    setattr(owner, name, old)
+            assert F.rms_norm is orig_rms_norm
+
+    return applied()
+
+
+_MISSING = object()
+
+
+# --------------------------------------------------------------------------- data-parallel state
+
+def _rank_ddp(module: nn.Module) -> nn.Module:
+    """One rank's `DDP(module, gradient_as_bucket_view=True)` state, for fake tensors.
+
+    As torch's reducer does: one flat bucket of every parameter (allocated once, alive for the
+    whole run); after each synced backward a parameter's gradient is copied into its bucket view
+    and `.grad` becomes that view; under `no_sync` gradients are left where autograd put them.
+    The all-reduce itself moves no memory and is left out.
+    """
+    import torch
+    from torch import nn
+
+    class RankDDP(nn.Module):
+        def __init__(self, inner: nn.Module) -> None:
+            super().__init__()
+            self.module = inner
+            params = [p for p in inner.parameters() if p.requires_grad]
+            self.bucket = torch.empty(sum(p.numel() for p in params), dtype=params[0].dtype)
+            self.views: dict[int, torch.Tensor] = {}
+            off = 0
+            for p in params:
+                self.views[id(p)] = self.bucket[off:off + p.numel()].view_as(p)
+                off += p.numel()
+                p.register_post_accumulate_grad_hook(self._into_bucket)
+            self.sync = True
+
+        def _into_bucket(self, p: torch.Tensor) -> None:
+            view = self.views[id(p)]
+            if self.sync and p.grad is not None and p.grad.untyped_storage() is not view.untyped_storage():
+                view.copy_(p.grad)
+                p.grad = view
+
+        @contextlib.contextmanager
+        def no_sync(self) -> Iterator[None]:
+            self.sync = False
+            try:
+                yield
+            finally:
+                self.sync = True
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            return self.module(*args, **kwargs)
+
+    return RankDDP(module)
+
+
+# --------------------------------------------------------------------------- memory
+
+@dataclass
+class TracedMemory:
+    """Peak bytes of one rank's steady-state training step, from MemTracker."""
+
+    config: StepConfig
+    kernels: Kernels
+    peak_bytes: int
+    breakdown: dict[str, int]          # CATEGORIES at the moment of the peak
+    peak_phase: str                    # forward | backward | optimizer
+    seconds: float
+    note: str = ""                     # how sharded parts were handled, if any
+
+    def analytic(self) -> MemoryEstimate:
+        return estimate(self.config)
+
+    @property
+    def relative_error(self) -> float:
+        """(analytic − traced) / traced, on the allocated peak."""
+        return self.analytic().allocated_peak / self.peak_bytes - 1.0
+
+
+def _categories(snap: dict[Any, int]) -> dict[str, int]:
+    by = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
+    return {
+        "parameters": by.get("Parameter", 0) + by.get("Buffer", 0),
+        "gradients": by.get("Gradient", 0),
+        "optimizer_state": by.get("Optstate", 0),
+        "activations": by.get("Activation", 0),
+        "temporaries": by.get("Temp", 0) + by.get("Other", 0),
+    }
+
+
+def _make_tracker(base: type | None = None) -> Any:
+    """A MemTracker that also records which phase (forward/backward/optimizer) held the peak."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    cls = base or MemTracker
+
+    class PhaseTracker(cls):  # type: ignore[misc, valid-type]
+        peak_phase = "forward"
+
+        def _update_peak_stats(self, peak_state: Any) -> None:
+            before = dict(self._peak_mem)
+            super()._update_peak_stats(peak_state)
+            if self._peak_mem != before:
+                self.peak_phase = ("optimizer" if self._in_opt else
+                                   "backward" if self._mod_tracker.is_bw else "forward")
+
+    return PhaseTracker()
+
+
+def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, grad_clip: float = 1.0,
+                     tracker: Any = None) -> Any:
+    """Run `steps` runner training steps on fake CPU tensors under a MemTracker; return it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from runner.model import GPT
+    from runner.step import build_optimizer, train_step
+
+    spec = cfg.spec
+    mt = tracker if tracker is not None else _make_tracker()
+    semantics = _cuda_semantics() if kernels == "cuda" else contextlib.nullcontext()
+    with FakeTensorMode():
+        model: nn.Module = GPT(spec, loss_chunk_tokens=cfg.loss_chunk_tokens,
+                               activation_checkpointing=cfg.activation_checkpointing)
+        if cfg.precision == "bf16":               # as runner/train.py build_model
+            for p in model.parameters():
+                p.data = p.data.to(torch.bfloat16)
+        raw = model
+        if cfg.dp > 1:                              # runner/train.py wraps DDP when distributed
+            model = _rank_ddp(raw)
+        opt = build_optimizer(raw, cfg.optimizer, _HYPER["lr"], _HYPER["matrix_lr"], _HYPER["weight_decay"],
+                              _HYPER["betas"], "cpu")
+        extra = [model.bucket] if cfg.dp > 1 else []
+        mt.track_external(model, *opt.optimizers, *extra)
+
+        def micro_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+            while True:
+                mt.reset_mod_stats()   # MemTracker follows one forward per module per "iteration"
+                x = torch.randint(0, spec.vocab_size, (cfg.device_batch_size, spec.seq_len))
+                yield x, torch.randint(0, spec.vocab_size, (cfg.device_batch_size, spec.seq_len))
+
+        batches = micro_batches()
+        with mt, semantics:
+            for _ in range(steps):
+                train_step(model, opt, batches, cfg.grad_accum_steps, cfg.precision, "cpu", grad_clip)
+    return mt
+
+
+def trace_memory(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, grad_clip: float = 1.0) -> TracedMemory:
+    """Peak memory of one rank's training step (see the module docstring for what is emulated)."""
+    t0 = time.perf_counter()
+    ddp_cfg = cfg
+    note = ""
+    dp = max(1, cfg.dp)
+    if cfg.strategy != "ddp" and dp > 1:
+        from dataclasses import replace
+
+        ddp_cfg = replace(cfg, strategy="ddp")
+    mt = run_traced_steps(ddp_cfg, kernels=kernels, steps=steps, grad_clip=grad_clip)
+    snap = next(iter(mt.get_tracker_snapshot("peak").values()))
+    cats = _categories(snap)
+    if ddp_cfg is not cfg:
+        shard = {"zero1": ("optimizer_state",), "zero2": ("optimizer_state", "gradients"),
+                 "fsdp": ("optimizer_state", "gradients", "parameters")}[cfg.strategy]
+        for k in shard:
+            cats[k] = cats[k] // dp
+        note = (f"{cfg.strategy}: traced as DDP, then {', '.join(s.replace('_', ' ') for s in shard)} "
+                f"at the peak divided by dp={dp} analytically")
+    return TracedMemory(config=cfg, kernels=kernels, peak_bytes=sum(cats.values()), breakdown=cats,
+                        peak_phase=mt.peak_phase, seconds=time.perf_counter() - t0, note=note)

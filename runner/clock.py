@@ -1,0 +1,137 @@
+"""The run's budget clock and the deadline guard that stops a run before its budget ends.
+
+The clock is injectable so that tests can simulate long runs quickly:
+
+- ``NANOPLAN_TIME_SCALE=60`` makes every real second count as 60 budget seconds (elapsed
+  hours, dollars, checkpoint cadence and the deadline all use the budget clock; tokens/s
+  and MFU use real time).
+- ``NANOPLAN_CKPT_DELAY_S=2`` sleeps 2 real seconds inside every checkpoint write (after
+  the data files, before meta.json), to simulate a slow disk.
+
+No torch here: the guard is plain arithmetic and is unit-tested on its own.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+ENV_TIME_SCALE = "NANOPLAN_TIME_SCALE"
+ENV_CKPT_DELAY = "NANOPLAN_CKPT_DELAY_S"
+
+CKPT_SAFETY = 1.5          # reserve 1.5x the slowest measured checkpoint write (+ eval)
+CKPT_FALLBACK_BYTES_S = 50e6  # before any write is measured: assume 50 MB/s ...
+CKPT_FALLBACK_MIN_S = 2.0     # ... and at least 2 s
+
+
+def _env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name, "")
+    if not raw:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name}={raw!r} must be a finite number >= 0")
+    return v
+
+
+class Clock:
+    """Real and budget seconds since the clock started (budget = real × scale)."""
+
+    def __init__(self, scale: float = 1.0, time_fn: Callable[[], float] = time.monotonic,
+                 ckpt_delay_s: float = 0.0) -> None:
+        if scale <= 0:
+            raise ValueError(f"time scale must be > 0, got {scale}")
+        self.scale = scale
+        self.ckpt_delay_s = ckpt_delay_s
+        self._time = time_fn
+        self._start = time_fn()
+
+    @classmethod
+    def from_env(cls) -> Clock:
+        return cls(scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0, ckpt_delay_s=_env_float(ENV_CKPT_DELAY, 0.0))
+
+    def real(self) -> float:
+        """Real seconds since start (for tokens/s and MFU)."""
+        return self._time() - self._start
+
+    def budget(self) -> float:
+        """Budget seconds since start (for elapsed hours, dollars, cadence, deadline)."""
+        return self.real() * self.scale
+
+    def simulate_slow_write(self) -> None:
+        if self.ckpt_delay_s > 0:
+            time.sleep(self.ckpt_delay_s)
+
+
+@dataclass
+class BudgetGuard:
+    """Decides, after each step, whether one more step still leaves time for the final checkpoint.
+
+    All times are budget seconds of the whole run (carried over resumes). ``deadline_s`` is
+    None when only total_steps bounds the run.
+    """
+
+    deadline_s: float | None
+    carried_s: float = 0.0
+    ckpt_bytes: int = 0
+    safety: float = CKPT_SAFETY
+    step_s: float = 0.0                 # slowest recent step (EMA, never below the last one)
+    ckpt_s: float | None = None          # slowest measured checkpoint write
+    eval_s: float = 0.0                  # slowest measured validation pass
+    history: list[float] = field(default_factory=list)
+
+    def observe_step(self, seconds: float) -> None:
+        self.step_s = seconds if not self.history else max(seconds, 0.9 * self.step_s + 0.1 * seconds)
+        self.history.append(seconds)
+        del self.history[:-100]
+
+    def observe_checkpoint(self, seconds: float) -> None:
+        self.ckpt_s = max(self.ckpt_s or 0.0, seconds)
+
+    def observe_eval(self, seconds: float) -> None:
+        self.eval_s = max(self.eval_s, seconds)
+
+    def checkpoint_estimate(self) -> float:
+        if self.ckpt_s is not None:
+            return self.ckpt_s
+        return max(CKPT_FALLBACK_MIN_S, self.ckpt_bytes / CKPT_FALLBACK_BYTES_S)
+
+    def reserve_s(self) -> float:
+        """Budget seconds kept back for the final validation pass and checkpoint."""
+        return self.safety * (self.checkpoint_estimate() + self.eval_s)
+
+    def total(self, run_s: float) -> float:
+        return self.carried_s + run_s
+
+    def should_stop(self, run_s: float) -> bool:
+        """True when the step in flight plus one more step plus the reserve would pass the deadline."""
+        if self.deadline_s is None:
+            return False
+        return self.total(run_s) + 2 * self.step_s + self.reserve_s() > self.deadline_s
+
+    def seconds_to_stop(self, run_s: float) -> float | None:
+        """Budget seconds until the guard stops the run (None without a deadline)."""
+        if self.deadline_s is None:
+            return None
+        return max(0.0, self.deadline_s - self.reserve_s() - self.step_s - self.total(run_s))
+
+
+def deadline_seconds(hours: float | None, budget_usd: float | None, usd_per_hour: float) -> float | None:
+    """The run's hard stop in seconds: the requested hours or dollars, whichever comes first.
+
+    Pass the plan *request*'s hours and budget_usd: a plan whose length is set by --steps has
+    neither (its hours are a prediction, so there is no deadline); one capped by --max-epochs
+    keeps the user's hours or dollars as the hard limit.
+    """
+    limits = []
+    if hours is not None:
+        limits.append(hours * 3600.0)
+    if budget_usd is not None and usd_per_hour > 0:
+        limits.append(budget_usd / usd_per_hour * 3600.0)
+    return min(limits) if limits else None

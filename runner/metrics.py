@@ -1,0 +1,127 @@
+"""RUN_DIR/metrics.jsonl (one JSON object per optimizer step), run_info.json, and TensorBoard.
+
+Keys of every metrics line (other tools read them; keep the names):
+step, total_steps, loss, lr, grad_norm, tokens_per_sec, mfu, step_seconds, elapsed_hours,
+usd_spent, tokens_seen, epoch, max_memory_allocated, max_memory_reserved (null on CPU),
+world_size, device, compiled, segment; plus val_loss on evaluation steps.
+
+`segment` counts launches of the run (0 for the first, +1 per resume). A resumed run appends;
+steps after the checkpoint it resumed from appear again with a higher segment, so readers
+should keep the last line of each step.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any, TextIO
+
+from planner.plan import atomic_write_text
+
+METRICS = "metrics.jsonl"
+RUN_INFO = "run_info.json"
+STOP = "stop.json"
+ENV_TENSORBOARD = "NANOPLAN_TENSORBOARD"
+
+
+def mfu(tokens_per_sec: float, flops_per_token: float, world_size: int, peak_flops_per_gpu: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices."""
+    return tokens_per_sec * flops_per_token / (world_size * peak_flops_per_gpu)
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every complete line of metrics.jsonl (a torn last line from a kill is skipped)."""
+    p = Path(run_dir) / METRICS
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue
+    return out
+
+
+def last_by_step(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The last line written for each step (later segments win)."""
+    return {int(r["step"]): r for r in rows}
+
+
+def _clean(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+class MetricsLog:
+    """Appends metrics lines (rank 0 only) and mirrors numbers to TensorBoard when installed."""
+
+    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool | None = None) -> None:
+        self.enabled = enabled
+        self.path = Path(run_dir) / METRICS
+        self._f: TextIO | None = None
+        self._tb: Any = None
+        if not enabled:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = self.path.exists() and self.path.stat().st_size > 0 and not self.path.read_bytes().endswith(b"\n")
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
+        if torn:
+            self._f.write("\n")
+        if tensorboard is None:
+            tensorboard = os.environ.get(ENV_TENSORBOARD, "1") != "0"
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+            except ImportError:
+                SummaryWriter = None  # noqa: N806
+            if SummaryWriter is not None:
+                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+
+    def write(self, row: dict[str, Any]) -> None:
+        if not self.enabled or self._f is None:
+            return
+        row = {k: _clean(v) for k, v in row.items()}
+        self._f.write(json.dumps(row) + "\n")
+        self._f.flush()
+        if self._tb is not None:
+            step = int(row["step"])
+            for k, v in row.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, step)
+
+    def close(self) -> None:
+        if self._f is not None:
+            self._f.flush()
+            os.fsync(self._f.fileno())
+            self._f.close()
+            self._f = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")
+
+
+def update_run_info(run_dir: str | Path, base: dict[str, Any], segment: dict[str, Any]) -> int:
+    """Create or extend RUN_DIR/run_info.json with this launch; returns the segment number."""
+    p = Path(run_dir) / RUN_INFO
+    info = read_json(p) or {**base, "segments": []}
+    info.update({k: v for k, v in base.items() if k != "start_time"})
+    info.setdefault("start_time", base.get("start_time"))
+    n = len(info.get("segments", []))
+    info.setdefault("segments", []).append({"segment": n, **segment})
+    write_json(p, info)
+    return n

@@ -1,0 +1,161 @@
+"""Checks `nanoplan run` makes before launching: devices, memory, disk, run dir, data, resume.
+
+Plain Python; torch is imported only to count CUDA devices for GPU plans.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from planner.datameta import DataMeta, load_data_meta
+from planner.errors import PlanError
+from planner.plan import Plan
+from planner.units import fmt_bytes
+from runner.checkpoint import complete_steps, plan_hash, read_meta, step_dir
+
+
+@dataclass
+class Preflight:
+    """What the checks found: `problems` refuse the launch (unless --force), `notes` inform."""
+
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def resolve_data_dir(plan: Plan, override: str | None, plan_path: str | Path | None = None) -> Path:
+    """--data, else the plan's data_dir (relative to the current directory, else to the plan file)."""
+    raw = override or plan.request.data_dir
+    if not raw:
+        raise PlanError("--data", "the plan names no data directory",
+                        "pass --data DIR (from nanoplan prepare-data) or re-estimate with --data DIR")
+    p = Path(raw).expanduser()
+    if not p.is_absolute() and not p.exists() and plan_path is not None:
+        alt = Path(plan_path).resolve().parent / p
+        if alt.exists():
+            return alt
+    return p
+
+
+def check_data(plan: Plan, data_dir: Path) -> DataMeta:
+    """The data's meta.json, checked against the model: vocabulary and enough tokens for one window."""
+    meta = load_data_meta(data_dir)
+    spec = plan.request.model
+    if meta.vocab_size > spec.vocab_size:
+        raise PlanError("--data", f"{data_dir} has vocab {meta.vocab_size:,} but the model's vocab is {spec.vocab_size:,}",
+                        f"re-estimate with --data {data_dir} (sets the vocab) or --vocab-size {meta.vocab_size}")
+    if meta.train_tokens < 2 * spec.seq_len:
+        raise PlanError("--data", f"{data_dir}/train.bin holds {meta.train_tokens:,} tokens, fewer than 2 × seq_len",
+                        "prepare more text")
+    return meta
+
+
+def check_resume(plan: Plan, run_dir: Path, resume: bool) -> str | None:
+    """A problem with resuming in run_dir (plan hash of its newest complete checkpoint), or None."""
+    done = complete_steps(run_dir)
+    if not done:
+        return f"--resume: {run_dir} has no complete checkpoint to resume from" if resume else None
+    meta = read_meta(step_dir(run_dir, done[-1])) or {}
+    theirs, ours = meta.get("plan_hash"), plan_hash(plan)
+    if theirs != ours:
+        return (f"{run_dir} holds checkpoints of a different plan (hash {str(theirs)[:12]}, this plan {ours[:12]}); "
+                "use another --run-dir, or --force to resume from them anyway")
+    return None
+
+
+def _existing_parent(p: Path) -> Path:
+    p = p.resolve()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_run_dir(run_dir: Path, storage_bytes: int) -> list[str]:
+    out = []
+    parent = _existing_parent(run_dir)
+    free = shutil.disk_usage(parent).free
+    if free < storage_bytes:
+        out.append(f"free disk at {parent} is {fmt_bytes(free)}, the plan's checkpoints need {fmt_bytes(storage_bytes)}; "
+                   "free space, lower --keep-last or pick another --run-dir")
+    if not run_dir.exists():
+        if not os.access(parent, os.W_OK):
+            out.append(f"run dir {run_dir} cannot be created ({parent} is not writable); pick another --run-dir")
+        return out
+    try:
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test."):
+            pass
+    except OSError as e:
+        out.append(f"run dir {run_dir} is not writable ({e.strerror}); pick another --run-dir")
+    return out
+
+
+def available_ram_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def check_devices(plan: Plan, force_cpu: bool = False) -> tuple[list[str], list[str]]:
+    """(problems, notes) about the devices this node has against the plan's per-node needs."""
+    per_node = plan.hardware.gpus_per_node
+    need = plan.memory.per_gpu_bytes
+    problems: list[str] = []
+    notes: list[str] = []
+    if plan.request.profile.kind == "cpu":
+        cores = os.cpu_count() or 1
+        if per_node > cores:
+            notes.append(f"{per_node} processes on {cores} CPU cores: they will share cores")
+        ram = available_ram_bytes()
+        if ram is not None and need * per_node > ram:
+            problems.append(f"the plan needs {fmt_bytes(need * per_node)} of RAM for {per_node} processes, "
+                            f"{fmt_bytes(ram)} is available; use a smaller device batch or fewer processes")
+        return problems, notes
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if n < per_node:
+        problems.append(f"the plan needs {per_node} CUDA GPUs on this node, {n} visible; "
+                        "run on the planned machine or set CUDA_VISIBLE_DEVICES")
+        return problems, notes
+    for i in range(per_node):
+        props = torch.cuda.get_device_properties(i)
+        if props.total_memory < need:
+            problems.append(f"GPU {i} ({props.name}) has {fmt_bytes(props.total_memory)}, the plan needs "
+                            f"{fmt_bytes(need)} per GPU; re-plan with --gpu matching this machine")
+            break
+    name = torch.cuda.get_device_name(0)
+    if plan.request.profile.name.split("-")[0].lower() not in name.lower():
+        notes.append(f"the plan's profile is {plan.request.profile.name}, this GPU is {name}")
+    return problems, notes
+
+
+def run_preflight(plan: Plan, plan_path: str | Path, run_dir: Path, data_override: str | None,
+                  resume: bool) -> Preflight:
+    """Every check; collects problems instead of stopping at the first."""
+    pf = Preflight()
+    if not plan.memory.fits:
+        pf.problems.append(f"the plan does not fit: {fmt_bytes(plan.memory.per_gpu_bytes)} per GPU > "
+                           f"{fmt_bytes(plan.memory.capacity_bytes)}; re-plan with a smaller batch or another strategy")
+    probs, notes = check_devices(plan)
+    pf.problems += probs
+    pf.notes += notes
+    pf.problems += check_run_dir(run_dir, plan.schedule.storage_bytes)
+    try:
+        check_data(plan, resolve_data_dir(plan, data_override, plan_path))
+    except PlanError as e:
+        pf.problems.append(str(e))
+    r = check_resume(plan, run_dir, resume)
+    if r:
+        pf.problems.append(r)
+    return pf

@@ -1,0 +1,522 @@
+"""The torchrun target: ``python -m runner.train --plan PLAN --run-dir DIR [--resume] [--force] [--data DIR]``.
+
+One process per GPU (or per CPU "GPU" with gloo). It trains the plan's model with DDP, logs
+metrics each step, checkpoints every plan.schedule.checkpoint_every_minutes of wall clock,
+stops before the plan's budget runs out (leaving time for the final checkpoint), at
+total_steps, on validation patience, or on SIGTERM/SIGINT (after a checkpoint, exit 0), and
+resumes from the newest intact checkpoint of RUN_DIR.
+
+Per step there is one host sync: a single all-reduce of [loss, grad norm, checkpoint flag,
+stop flag, signal flag] whose flags rank 0 sets from its clock, so all ranks agree on when
+to checkpoint and stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import hashlib
+import math
+import os
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from planner.errors import PlanError
+from planner.plan import Plan, load_plan
+from runner import checkpoint as ck
+from runner.clock import BudgetGuard, Clock, deadline_seconds
+from runner.data import TrainBatches, ValBatches, load_data
+from runner.display import Display
+from runner.metrics import STOP, MetricsLog, mfu, read_metrics, update_run_info, write_json
+from runner.model import GPT
+from runner.preflight import check_data, resolve_data_dir
+from runner.step import autocast, build_optimizer, train_step
+
+EXIT_OK, EXIT_USAGE, EXIT_NAN = 0, 2, 3
+
+
+def lr_multiplier(step: int, total: int, warmup: int, warmdown_frac: float, decay: str) -> float:
+    """LR factor for optimizer step `step` (0-based): linear warmup, flat, then a warmdown to 0."""
+    if warmup > 0 and step < warmup:
+        return (step + 1) / warmup
+    n_down = round(warmdown_frac * total)
+    start = total - n_down
+    if n_down <= 0 or step < start:
+        return 1.0
+    progress = (step - start) / n_down
+    if decay == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    return 1.0 - progress
+
+
+@dataclass
+class Dist:
+    rank: int
+    local_rank: int
+    world_size: int
+    device: torch.device
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def on(self) -> bool:
+        return self.world_size > 1
+
+
+def setup_dist(plan: Plan, force: bool) -> Dist:
+    """Device and process group: nccl on CUDA, gloo on CPU (torchrun's env, or one process)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    gpu_plan = plan.request.profile.kind == "gpu"
+    if gpu_plan and torch.cuda.is_available():
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    elif gpu_plan and not force:
+        raise PlanError("plan", "is for GPUs but CUDA is not available here", "run it on a GPU machine, or --force to run on CPU")
+    else:
+        device = torch.device("cpu")
+    if world > 1:
+        if device.type == "cuda":
+            dist.init_process_group("nccl", device_id=device)
+        else:
+            dist.init_process_group("gloo")
+    return Dist(rank, local, world, device)
+
+
+class Signals:
+    """SIGTERM/SIGINT only set a flag: the loop finishes the step, checkpoints, and exits 0."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.names: list[str] = []
+
+    def install(self) -> None:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.count += 1
+        self.names.append(signal.Signals(signum).name)
+
+
+def grad_accum_for(plan: Plan, world: int, force: bool) -> int:
+    tr = plan.training
+    if world == plan.hardware.num_gpus:
+        return tr.grad_accum_steps
+    if not force:
+        raise PlanError("WORLD_SIZE", f"{world} processes but the plan is for {plan.hardware.num_gpus}",
+                        "launch with nanoplan run, or --force to rescale gradient accumulation")
+    per = tr.device_batch_size * tr.seq_len * world
+    if tr.total_batch_tokens % per:
+        raise PlanError("WORLD_SIZE", f"total batch {tr.total_batch_tokens:,} is not a multiple of {per:,} "
+                        f"for {world} processes", "launch with the plan's process count")
+    return tr.total_batch_tokens // per
+
+
+def build_model(plan: Plan, device: torch.device) -> GPT:
+    """The plan's GPT on `device`, initialised identically on every rank from the seed."""
+    tr = plan.training
+    with torch.device("meta"):
+        model = GPT(plan.request.model, loss_chunk_tokens=tr.loss_chunk_tokens,
+                    activation_checkpointing=tr.activation_checkpointing)
+    model.to_empty(device=device)
+    if tr.precision == "bf16":
+        for p in model.parameters():
+            p.data = p.data.to(torch.bfloat16)
+    model.init_weights(plan.request.hyper.seed)
+    return model
+
+
+EXACT_FINGERPRINT_MAX_BYTES = 1 << 30
+
+
+@torch.no_grad()
+def replica_fingerprint(model: nn.Module) -> tuple[str, str]:
+    """(kind, sha256) of the parameters, equal on every DDP replica.
+
+    Up to 1 GiB of parameters: the raw bytes of every tensor ("bytes", bit-exact). Above: the
+    (sum, sum of squares) of every tensor in float64 ("sums"), cheap on the device.
+    """
+    params = [p.detach() for p in model.parameters()]
+    h = hashlib.sha256()
+    if sum(p.numel() * p.element_size() for p in params) <= EXACT_FINGERPRINT_MAX_BYTES:
+        for p in params:
+            h.update(p.contiguous().view(torch.uint8).cpu().numpy().tobytes())
+        return "bytes", h.hexdigest()
+    parts = []
+    for p in params:
+        x = p.reshape(-1)
+        parts += [torch.sum(x, dtype=torch.float64), torch.dot(x, x).to(torch.float64)]
+    h.update(torch.stack(parts).cpu().numpy().tobytes())
+    return "sums", h.hexdigest()
+
+
+def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: bool,
+                   log: Any) -> dict[str, Any]:
+    """Rank 0: which checkpoint to resume from (or an error to raise on every rank)."""
+    try:
+        steps = ck.list_steps(run_dir)
+        restarted = ck._restart_count() > 0
+        if not steps:
+            if resume and not restarted:
+                raise PlanError("--resume", f"{run_dir} has no checkpoint to resume from", "drop --resume to start a new run")
+            return {"step": None}
+        found = ck.latest_good(run_dir, log)
+        if found is None:
+            if not force:
+                raise PlanError("--run-dir", f"{run_dir} holds checkpoints but none is intact",
+                                "use another --run-dir, or --force to start from scratch here")
+            log("no intact checkpoint; starting from scratch (--force)")
+            return {"step": None}
+        step, meta = found
+        if meta.get("plan_hash") != phash:
+            if not force:
+                raise PlanError("--run-dir", f"checkpoint step_{step:08d} was made by a different plan "
+                                f"(hash {str(meta.get('plan_hash'))[:12]}, this plan {phash[:12]})",
+                                "use another --run-dir, or --force to resume from it anyway")
+            log(f"resuming from a checkpoint of a different plan (--force): {meta.get('plan_hash')}")
+        rows = read_metrics(run_dir)
+        logged_h = max((r.get("elapsed_hours") or 0.0 for r in rows), default=0.0)
+        meta["carried_hours"] = max(float(meta.get("elapsed_hours", 0.0)), float(logged_h))
+        return {"step": step, "meta": meta}
+    except PlanError as e:
+        return {"error": [e.field, e.problem, e.fix]}
+
+
+def _bcast(obj: Any, d: Dist) -> Any:
+    if not d.on:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+class Trainer:
+    """State of one training process: model, optimizer, data, clock, and the loop."""
+
+    def __init__(self, args: argparse.Namespace, clock: Clock) -> None:
+        self.args = args
+        self.clock = clock
+        self.signals = Signals()
+        self.signals.install()
+        self.plan = load_plan(args.plan)
+        self.phash = ck.plan_hash(self.plan)
+        self.d = setup_dist(self.plan, args.force)
+        self.run_dir = Path(args.run_dir)
+        self.faults = ck.Faults.from_env()
+        self.display = Display(enabled=self.d.is_main, budget_usd=self.plan.budget.usd if self.plan.budget.usd_per_hour > 0 else None)
+
+    def log(self, msg: str) -> None:
+        if self.d.is_main:
+            self.display.log(msg)
+
+    # ------------------------------------------------------------------ set-up
+
+    def setup(self) -> None:
+        plan, d, hyper, tr = self.plan, self.d, self.plan.request.hyper, self.plan.training
+        self.device_type = d.device.type
+        self.precision = tr.precision
+        self.accum = grad_accum_for(plan, d.world_size, self.args.force)
+        self.tokens_per_step = tr.device_batch_size * tr.seq_len * self.accum * d.world_size
+        self.total_steps = plan.schedule.total_steps
+        data_dir = resolve_data_dir(plan, self.args.data, self.args.plan)
+        check_data(plan, data_dir)
+        self.data_dir = data_dir
+        _, train_tok, val_tok = load_data(data_dir)
+        self.train = TrainBatches(train_tok, tr.seq_len, tr.device_batch_size, self.accum, d.rank, d.world_size,
+                                  hyper.seed, d.device)
+        self.val = ValBatches(val_tok, tr.seq_len, tr.device_batch_size, d.rank, d.world_size, hyper.val_tokens, d.device)
+        self.val_every = hyper.val_every_steps if self.val.enabled else 0
+        if hyper.val_every_steps and not self.val.enabled:
+            self.log(f"warning: {data_dir}/val.bin is too small for one window; validation is off")
+        if d.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+
+        torch.manual_seed(hyper.seed)
+        if self.device_type == "cuda":
+            torch.set_float32_matmul_precision("high")   # TF32 for any fp32 matmul left outside autocast
+        self.raw = build_model(plan, d.device)
+        decision = _bcast(_decide_resume(plan, self.phash, self.run_dir, self.args.resume, self.args.force, self.log)
+                          if d.is_main else None, d)
+        if "error" in decision:
+            raise PlanError(*decision["error"])
+        self.start_step = decision["step"] or 0
+        self.resume_meta: dict[str, Any] = decision.get("meta") or {}
+        ckdir = ck.step_dir(self.run_dir, self.start_step) if decision["step"] is not None else None
+        if ckdir is not None:
+            self.raw.load_state_dict(ck.load_torch(ckdir / "model.pt", d.device))
+
+        self.compiled = bool(tr.compile)
+        self.fwd: nn.Module = torch.compile(self.raw) if self.compiled else self.raw
+        self.model: nn.Module = (DDP(self.fwd, device_ids=[d.local_rank] if self.device_type == "cuda" else None,
+                                     gradient_as_bucket_view=True) if d.on else self.fwd)
+        self.opt = build_optimizer(self.raw, tr.optimizer, hyper.lr, hyper.matrix_lr, hyper.weight_decay,
+                                   tuple(hyper.betas), self.device_type)
+
+        def mult(s: int) -> float:
+            return lr_multiplier(s, self.total_steps, hyper.warmup_steps, hyper.warmdown_frac, hyper.decay)
+
+        self.scheds = [torch.optim.lr_scheduler.LambdaLR(o, mult) for o in self.opt.optimizers]
+        if ckdir is not None:
+            ostate = ck.load_torch(ckdir / "optim_rank0.pt", d.device)
+            self.opt.load_state_dict(ostate["optimizer"])
+            for s, st in zip(self.scheds, ostate["schedulers"], strict=True):
+                s.load_state_dict(st)
+            rng = ckdir / f"rng_rank{d.rank}.pt"
+            if rng.exists():
+                ck.set_rng_state(ck.load_torch(rng))
+            self.log(f"resumed from {ckdir} (step {self.start_step}, "
+                     f"{self.resume_meta['carried_hours'] * 60:.2f} min and ${self.resume_meta.get('usd_spent', 0):.2f} carried)")
+
+        carried_h = self.resume_meta.get("carried_hours", 0.0)
+        b = plan.budget
+        self.usd_per_hour = b.usd_per_hour
+        self.guard = BudgetGuard(deadline_seconds(plan.request.hours, plan.request.budget_usd, b.usd_per_hour),
+                                 carried_s=carried_h * 3600.0, ckpt_bytes=plan.schedule.checkpoint_bytes)
+        if self.resume_meta.get("write_seconds") is not None:
+            self.guard.observe_checkpoint(float(self.resume_meta["write_seconds"]))
+        self.guard.observe_eval(float(self.resume_meta.get("eval_seconds") or 0.0))
+        self.ckpt_every_s = plan.schedule.checkpoint_every_minutes * 60.0
+        self.last_ckpt_total = self.guard.total(0.0)
+        patience = self.resume_meta.get("patience") or {}
+        self.best_val = patience.get("best_val_loss")
+        self.evals_since_best = int(patience.get("evals_since_best") or 0)
+        self.last_val: tuple[int, float] | None = None
+        self.nth_write = 0
+        self.device_name = torch.cuda.get_device_name(d.device) if self.device_type == "cuda" else "cpu"
+        self.segment = 0
+        if d.is_main:
+            now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+            self.segment = update_run_info(self.run_dir, {
+                "plan_hash": self.phash, "plan_path": str(Path(self.args.plan).resolve()), "device": self.device_name,
+                "torch_version": torch.__version__, "world_size": d.world_size, "start_time": now,
+                "data_dir": str(data_dir),
+            }, {"start_time": now, "resumed_from_step": decision["step"], "world_size": d.world_size,
+                "restart_count": ck._restart_count(), "device": self.device_name})
+        self.segment = _bcast(self.segment, d)
+
+    # ------------------------------------------------------------------ pieces of the loop
+
+    def total_s(self) -> float:
+        """Budget seconds of the whole run so far (carried + this launch)."""
+        return self.guard.total(self.clock.budget())
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        t0 = self.clock.budget()
+        self.fwd.eval()
+        total = torch.zeros((), device=self.d.device, dtype=torch.float32)
+        for x, y in self.val:
+            with autocast(self.device_type, self.precision):
+                total += self.fwd(x, y).float()
+        self.fwd.train()
+        if self.d.on:
+            dist.all_reduce(total)
+        val = total.item() / (self.val.n_batches * self.d.world_size)
+        self.guard.observe_eval(self.clock.budget() - t0)
+        return val
+
+    def _note_val(self, step: int, val: float) -> None:
+        self.last_val = (step, val)
+        if self.best_val is None or val < self.best_val:
+            self.best_val, self.evals_since_best = val, 0
+        else:
+            self.evals_since_best += 1
+
+    def checkpoint(self, step: int) -> Path:
+        """Write a checkpoint of `step` (collective). Runs a validation pass first when enabled
+        (for best.json; it does not count towards the patience rule, which sees scheduled evals only)."""
+        if self.val_every and (self.last_val is None or self.last_val[0] != step):
+            self.last_val = (step, self.evaluate())
+        val = self.last_val[1] if self.last_val and self.last_val[0] == step else None
+        kind, mine = replica_fingerprint(self.raw)
+        prints = [mine]
+        if self.d.on:
+            prints = [None] * self.d.world_size
+            dist.all_gather_object(prints, mine)
+        agree = len(set(prints)) == 1
+        if not agree:
+            self.log(f"warning: the {self.d.world_size} replicas' parameters differ at step {step}: {prints}")
+        self.nth_write += 1
+        t0 = self.clock.budget()
+        hyper, tr = self.plan.request.hyper, self.plan.training
+
+        def meta() -> dict[str, Any]:
+            total = self.total_s()
+            return {
+                "total_steps": self.total_steps, "elapsed_hours": total / 3600.0,
+                "usd_spent": total / 3600.0 * self.usd_per_hour, "plan_hash": self.phash,
+                "data": {"position": "step", "step": step, "seed": hyper.seed, "world_size": self.d.world_size,
+                         "device_batch_size": tr.device_batch_size, "grad_accum_steps": self.accum,
+                         "seq_len": tr.seq_len, "data_dir": str(self.data_dir)},
+                "val_loss": val, "patience": {"best_val_loss": self.best_val, "evals_since_best": self.evals_since_best},
+                "write_seconds": max(self.guard.ckpt_s or 0.0, self.clock.budget() - t0), "eval_seconds": self.guard.eval_s,
+                "tokens_seen": step * self.tokens_per_step, "segment": self.segment,
+                "replicas": {"agree": agree, "kind": kind, "fingerprints": prints},
+                "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "torch_version": torch.__version__,
+            }
+
+        path = ck.save_checkpoint(
+            self.run_dir, step, rank=self.d.rank, world_size=self.d.world_size,
+            model_state=self.raw.state_dict, optim_state=lambda: {
+                "optimizer": self.opt.state_dict(), "schedulers": [s.state_dict() for s in self.scheds]},
+            meta=meta, faults=self.faults, nth_write=self.nth_write, slow_write=self.clock.simulate_slow_write,
+        )
+        self.guard.observe_checkpoint(self.clock.budget() - t0)
+        if self.d.is_main:
+            ck.update_best(self.run_dir, step, val)
+            ck.retain(self.run_dir, self.plan.schedule.keep_last)
+        self.last_ckpt_total = self.total_s()
+        self.last_ckpt_step = step
+        return path
+
+    def _flags(self, loss: torch.Tensor, gnorm: torch.Tensor, step: int) -> list[float]:
+        want_ckpt = want_stop = 0.0
+        if self.d.is_main:
+            probe = step == self.start_step + 1 and self.guard.ckpt_s is None  # measure the write early
+            want_ckpt = float(probe or self.total_s() - self.last_ckpt_total >= self.ckpt_every_s)
+            want_stop = float(self.guard.should_stop(self.clock.budget()))
+        flags = torch.tensor([want_ckpt, want_stop, float(self.signals.count > 0)], dtype=torch.float32)
+        vec = torch.cat([loss.detach().float().reshape(1), gnorm.detach().float().reshape(1).to(loss.device),
+                         flags.to(loss.device)])
+        if self.d.on:
+            dist.all_reduce(vec)
+        return vec.tolist()
+
+    def _memory(self) -> tuple[int | None, int | None]:
+        if self.device_type != "cuda":
+            return None, None
+        return torch.cuda.max_memory_allocated(self.d.device), torch.cuda.max_memory_reserved(self.d.device)
+
+    # ------------------------------------------------------------------ the loop
+
+    def run(self) -> int:
+        plan, d, hyper = self.plan, self.d, self.plan.request.hyper
+        step = self.start_step
+        self.last_ckpt_step = step if self.resume_meta else -1
+        metrics = MetricsLog(self.run_dir, enabled=d.is_main)
+        peak = plan.throughput.peak_flops_per_gpu
+        reason: str | None = None
+        if step >= self.total_steps:
+            reason = "total_steps"
+        elif self.guard.should_stop(0.0):
+            reason = "deadline"
+        if reason:
+            self.log(f"nothing to do: {reason} already reached at step {step}")
+        prev_real, prev_budget = self.clock.real(), self.clock.budget()
+        with self.display:
+            while reason is None:
+                lr = self.opt.param_groups[0]["lr"]
+                loss_t, gnorm_t = train_step(self.model, self.opt, self.train.micro_batches(step), self.accum,
+                                             self.precision, self.device_type, hyper.grad_clip)
+                for s in self.scheds:
+                    s.step()
+                step += 1
+                self.faults.after_step(step, d.rank)
+                loss_sum, gnorm_sum, want_ckpt, want_stop, got_signal = self._flags(loss_t, gnorm_t, step)
+                real, budget = self.clock.real(), self.clock.budget()
+                step_real = real - prev_real
+                self.guard.observe_step(budget - prev_budget)
+                loss = loss_sum / d.world_size
+                val = None
+                if self.val_every and step % self.val_every == 0:
+                    val = self.evaluate()
+                    self._note_val(step, val)
+                total_h = self.total_s() / 3600.0
+                alloc, reserved = self._memory()
+                tps = self.tokens_per_step / step_real if step_real > 0 else 0.0
+                row: dict[str, Any] = {
+                    "step": step, "total_steps": self.total_steps, "loss": loss, "lr": lr,
+                    "grad_norm": gnorm_sum / d.world_size, "tokens_per_sec": tps,
+                    "mfu": mfu(tps, plan.model.flops_per_token, d.world_size, peak), "step_seconds": step_real,
+                    "elapsed_hours": total_h, "usd_spent": total_h * self.usd_per_hour,
+                    "tokens_seen": step * self.tokens_per_step, "epoch": self.train.epoch_of(step),
+                    "max_memory_allocated": alloc, "max_memory_reserved": reserved,
+                    "world_size": d.world_size, "device": self.device_name, "compiled": self.compiled,
+                    "segment": self.segment,
+                }
+                if val is not None:
+                    row["val_loss"] = val
+                metrics.write(row)
+                self.display.update({**row, "seconds_to_stop": self.guard.seconds_to_stop(self.clock.budget()),
+                                     "seconds_to_checkpoint": self.last_ckpt_total + self.ckpt_every_s - self.total_s()})
+                if not math.isfinite(loss):
+                    reason = "nan"
+                elif got_signal:
+                    reason = "signal"
+                elif want_stop:
+                    reason = "deadline"
+                elif step >= self.total_steps:
+                    reason = "total_steps"
+                elif hyper.patience_evals and self.evals_since_best >= hyper.patience_evals:
+                    reason = "patience"
+                elif want_ckpt:
+                    self.checkpoint(step)
+                prev_real, prev_budget = self.clock.real(), self.clock.budget()
+            if self.signals.names:
+                self.log(f"got {self.signals.names[0]}: stopping after step {step} with a checkpoint")
+            final = None
+            if reason != "nan" and step > self.start_step and self.last_ckpt_step != step:
+                final = self.checkpoint(step)
+            elif reason != "nan" and self.last_ckpt_step == step and step > self.start_step:
+                final = ck.step_dir(self.run_dir, step)
+        metrics.close()
+        total_h = self.total_s() / 3600.0
+        if d.is_main:
+            write_json(self.run_dir / STOP, {
+                "reason": reason, "step": step, "total_steps": self.total_steps,
+                "checkpoint": str(final) if final else None, "elapsed_hours": total_h,
+                "usd_spent": total_h * self.usd_per_hour, "segment": self.segment,
+                "signals": self.signals.names,
+                "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            })
+            where = f"; checkpoint {final}" if final else ""
+            self.log(f"stopped: {reason} at step {step}/{self.total_steps}, {total_h * 60:.2f} min, "
+                     f"${total_h * self.usd_per_hour:.2f}{where}")
+            if reason == "nan":
+                print("error: the loss is not finite; stopped without a checkpoint "
+                      "(lower --lr in the plan or check the data)", file=sys.stderr)
+        return EXIT_NAN if reason == "nan" else EXIT_OK
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m runner.train", description=__doc__.splitlines()[0])
+    p.add_argument("--plan", required=True, help="plan.json from nanoplan estimate")
+    p.add_argument("--run-dir", required=True, help="checkpoints, metrics.jsonl, run_info.json")
+    p.add_argument("--data", default=None, help="data directory (default: the plan's data_dir)")
+    p.add_argument("--resume", action="store_true", help="require a checkpoint to resume from")
+    p.add_argument("--force", action="store_true", help="resume a checkpoint of another plan; run a GPU plan on CPU")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    clock = Clock.from_env()
+    trainer = None
+    try:
+        trainer = Trainer(args, clock)
+        trainer.setup()
+        return trainer.run()
+    except PlanError as e:
+        if trainer is None or trainer.d.is_main:
+            print(f"error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

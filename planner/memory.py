@@ -1,28 +1,38 @@
 """Per-GPU memory model of one runner training step, calibrated against traces of the real step.
 
-The model replays, in closed form, the allocations and frees that the runner's step makes
-(runner/model.py, runner/step.py) as planner/trace.py measures them with MemTracker, with CUDA
-kernel semantics (CUDA's autocast policy, fused rms_norm, flash attention). Each byte count
-below names the tensor it stands for. Notation: N tokens per micro-batch (B·T), d model width,
-f MLP width, q = n_head·head_dim, kv = n_kv_head·head_dim, V vocabulary, H/KV head counts;
-a = bytes of matmul activations (2 under bf16, 4 in fp32), w = bytes of parameters and
-gradients, r = bytes of the residual stream (fp32 under bf16-autocast).
+The model replays, tensor by tensor, the allocations and frees of the runner's step
+(runner/model.py, runner/step.py) as planner/trace.py measures them with MemTracker under
+FakeTensorMode, with CUDA kernel semantics (CUDA's autocast policy, fused rms_norm, flash
+attention). Every byte count names the tensor it stands for. Notation: N tokens per
+micro-batch (B·T), d width, f MLP width, q = n_head·head_dim, kv = n_kv_head·head_dim, V
+vocabulary, H/KV head counts; a = bytes of matmul activations (2 under bf16, 4 in fp32),
+w = bytes of parameters and gradients, r = bytes of the residual stream (fp32 under autocast).
 
-The peak is the largest of these moments of a steady-state step (the optimizer state exists):
+The peak is the largest of these phases of a steady-state step (the optimizer state exists):
 
+- forward_end: everything saved plus the loss forward's fp32 logit-sized tensors (and, with
+  activation checkpointing under autocast, every layer's cached bf16 weight copies).
 - backward_start: the loss's backward. Saved activations of every layer + the loss's saved
-  fp32 logit-sized tensors + two more in flight (the grads of nll_loss and log_softmax);
-  with the chunked loss, one chunk recomputed plus the accumulated head/input gradients.
-- backward_layers: inside a block's backward, at the top (all activations still alive) or the
-  bottom (all gradients made) of the stack; block transients come from walking its backward.
+  logit-sized tensors + two more in flight (grads of nll_loss and log_softmax); with the
+  chunked loss, one chunk recomputed plus the head and input gradients accumulated so far.
+- backward_layers: inside a block's backward at the top (all activations alive) or bottom
+  (all gradients made) of the stack; the block's transients come from walking its backward.
 - backward_end: the embedding backward, when every gradient exists.
 - optimizer_step: parameters + gradients + optimizer state + the optimizer's temporaries.
 
 "params + grads + Adam + activations" is the wrong shape: at backward start the gradients do
-not exist yet (unless accumulated or held in DDP buckets).
+not exist yet (unless accumulated or held in DDP's bucket).
 
-Not modelled here (the profile's overhead terms, assumptions until measured on a GPU): CUDA
-context, NCCL buffers, cuBLAS/flash-attention workspaces and allocator fragmentation.
+Data parallelism: one rank's DDP state (gradient_as_bucket_view: a persistent bucket; under
+no_sync, fresh gradients beside it). zero1/zero2/fsdp: the DDP-state step with optimizer state
+(zero1+), gradients (zero2, fsdp) and parameters (fsdp) divided by dp, plus two gathered
+layers for fsdp: an analytic division (sharded runner support comes later).
+
+Not modelled (the profile's overhead terms; assumptions until measured on a GPU): CUDA
+context, NCCL buffers, cuBLAS and flash-attention workspaces, allocator fragmentation.
+
+`estimate` walks the step for one configuration and returns a breakdown. `allocated_peak`
+returns the same peak from cached per-model profiles (every count is linear in N), for the search.
 """
 
 from __future__ import annotations
@@ -194,33 +204,25 @@ def _layer_saved(D: _Dims, N: int) -> int:
 # --------------------------------------------------------------------------- the backward walk
 
 class _Walk:
-    """A running allocation level with its peak.
+    """A running allocation level with its peak; `kinds` (optional) splits the level by kind
+    and is copied at each new peak. `shard`: the data-parallel degree gradients are sharded
+    over (zero2, fsdp), else 1."""
 
-    `kinds` (optional) splits the level by kind and is copied at each new peak; `steps`
-    (optional) records (level, gradient bytes) after every allocation, for the fast path.
-    """
+    __slots__ = ("level", "peak", "kinds", "at_peak", "shard")
 
-    __slots__ = ("level", "peak", "grads", "peak_grads", "kinds", "at_peak", "steps")
-
-    def __init__(self, level: int, grads: int = 0, kinds: dict[str, int] | None = None,
-                 record: bool = False) -> None:
+    def __init__(self, level: int, kinds: dict[str, int] | None = None, shard: int = 1) -> None:
         self.level = level
         self.peak = level
-        self.grads = grads
-        self.peak_grads = grads
         self.kinds = dict(kinds) if kinds is not None else None
         self.at_peak = dict(kinds) if kinds is not None else {}
-        self.steps: list[tuple[int, int]] | None = [(level, grads)] if record else None
+        self.shard = shard
 
     def alloc(self, n: int, kind: str = "temporaries") -> None:
         self.level += n
         if self.kinds is not None:
             self.kinds[kind] = self.kinds.get(kind, 0) + n
-        if self.steps is not None:
-            self.steps.append((self.level, self.grads))
-        if self.level > self.peak or (self.level == self.peak and self.grads > self.peak_grads):
+        if self.level > self.peak:
             self.peak = self.level
-            self.peak_grads = self.grads
             if self.kinds is not None:
                 self.at_peak = dict(self.kinds)
 
@@ -230,25 +232,31 @@ class _Walk:
             self.kinds[kind] = self.kinds.get(kind, 0) - n
 
     def move(self, n: int, src: str, dst: str) -> None:
-        if dst == "gradients":
-            self.grads += n
-        if src == "gradients":
-            self.grads -= n
         if self.kinds is not None:
             self.kinds[src] = self.kinds.get(src, 0) - n
             self.kinds[dst] = self.kinds.get(dst, 0) + n
 
 
-def _grad(k: _Walk, n: int, fresh: bool) -> None:
-    """AccumulateGrad: a fresh gradient becomes .grad; otherwise it is added in place and freed."""
-    if fresh:
-        k.move(n, "temporaries", "gradients")
+def _grad(k: Any, n: int, mode: str) -> None:
+    """AccumulateGrad for a new gradient of n bytes (held as a temporary), by micro-step mode.
+
+    fresh: it becomes .grad. add: it is added in place into the existing .grad and freed.
+    sync (DDP's synced micro-step after no_sync ones): added in place, then DDP's hook copies
+    .grad into its bucket view and frees the accumulated gradient as well. Sharded gradients
+    (zero2, fsdp) keep 1/shard of it.
+    """
+    kept = n // k.shard
+    if mode == "fresh":
+        k.free(n - kept)
+        k.move(kept, "temporaries", "gradients")
     else:
         k.free(n)
+        if mode == "sync":
+            k.free(kept, "gradients")
 
 
 def _linear_bw(D: _Dims, k: _Walk, n_in: int, n_out: int, N: int, *, x_cast: bool, x_free: bool,
-               g_free: bool, fresh: bool, bias: bool | None = None, g_kind: str = "temporaries",
+               g_free: bool, mode: str, bias: bool | None = None, g_kind: str = "temporaries",
                hold: bool = False) -> None:
     """Backward of y = x Wᵀ (+ b) for N rows, with the incoming grad (a·n_out·N) alive."""
     a, W = D.a, n_in * n_out
@@ -274,17 +282,15 @@ def _linear_bw(D: _Dims, k: _Walk, n_in: int, n_out: int, N: int, *, x_cast: boo
             k.free(a * n_out * N, g_kind)
         if x_free:
             k.free(a * n_in * N, x_kind)
-    if hold:                                # a tied weight: its grad waits in the engine's buffer
-        k.move(D.w * W, "temporaries", "gradients")
-    else:
-        _grad(k, D.w * W, fresh)
+    if not hold:                            # a tied weight's grad waits in the engine's buffer
+        _grad(k, D.w * W, mode)
     if bias:
         k.alloc(D.w * n_out)                # bias grad (sum over rows)
-        _grad(k, D.w * n_out, fresh)
+        _grad(k, D.w * n_out, mode)
 
 
 def _norm_bw(D: _Dims, k: _Walk, n: int, rows: int, *, weighted: bool, g_bytes: int, x_bytes: int,
-             x_saved: int, fresh: bool) -> None:
+             x_saved: int, mode: str) -> None:
     """Backward of a norm over `n` features for `rows` rows, with its incoming grad alive.
 
     g_bytes/x_bytes: element sizes of the incoming grad and of the input; x_saved: bytes of
@@ -309,10 +315,10 @@ def _norm_bw(D: _Dims, k: _Walk, n: int, rows: int, *, weighted: bool, g_bytes: 
     if weighted:
         nw = D.w * n * (2 if D.ln else 1)
         k.alloc(nw)
-        _grad(k, nw, fresh)
+        _grad(k, nw, mode)
 
 
-def _block_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
+def _block_bw(D: _Dims, k: _Walk, N: int, mode: str) -> None:
     """One block's backward, from the grad of its output (r·d·N) to the grad of its input."""
     a, r, d, f, q, kv = D.a, D.r, D.d, D.f, D.q, D.kv
     ac = D.ac
@@ -320,7 +326,7 @@ def _block_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
     if ac:
         k.alloc(a * d * N)                  # AddBackward: the branch's grad, cast to its bf16 output
     if D.mlp == "relu2":
-        _linear_bw(D, k, f, d, N, x_cast=ac, x_free=True, g_free=ac, fresh=fresh)
+        _linear_bw(D, k, f, d, N, x_cast=ac, x_free=True, g_free=ac, mode=mode)
         if ac:                              # pow backward (fp32): grad·(2·x.pow(1)): three fp32 tensors
             k.alloc(F32 * f * N)
             k.alloc(F32 * f * N)
@@ -341,13 +347,13 @@ def _block_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
         k.free(a * f * N, "activations")    # the saved relu output
         fc_out = f
     elif D.mlp == "gelu":
-        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, fresh=fresh)
+        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, mode=mode)
         k.alloc(a * f * N)                  # gelu_backward
         k.free(a * f * N)
         k.free(a * f * N, "activations")    # the saved fc output
         fc_out = f
     else:
-        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, fresh=fresh)
+        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, mode=mode)
         k.alloc(a * f * N)                  # mul backward: grad of silu(gate)
         k.alloc(a * f * N)                  # mul backward: grad of up
         k.free(a * f * N)                   # incoming grad
@@ -358,14 +364,14 @@ def _block_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
         k.alloc(2 * a * f * N)              # cat: grad of the fc output
         k.free(2 * a * f * N)
         fc_out = 2 * f
-    _linear_bw(D, k, d, fc_out, N, x_cast=ac, x_free=True, g_free=True, fresh=fresh)
-    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, fresh=fresh)
+    _linear_bw(D, k, d, fc_out, N, x_cast=ac, x_free=True, g_free=True, mode=mode)
+    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, mode=mode)
     k.alloc(r * d * N)                      # the residual grad accumulates the norm2 branch
     k.free(2 * r * d * N)
     # ---- attention branch: x_mid = x_in + proj(sdpa(rope/qknorm(qkv(norm1(x_in)))))
     if ac:
         k.alloc(a * d * N)
-    _linear_bw(D, k, q, d, N, x_cast=False, x_free=False, g_free=ac, fresh=fresh)
+    _linear_bw(D, k, q, d, N, x_cast=False, x_free=False, g_free=ac, mode=mode)
     k.alloc(a * (q + 2 * kv) * N)           # SDPA backward: dq, dk, dv
     k.free(a * q * N)                       # incoming grad
     k.free(a * q * N + F32 * D.H * N, "activations")  # saved output and logsumexp
@@ -377,12 +383,12 @@ def _block_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
                 k.alloc(F32 * n * N)        # ToCopyBackward: grad of SDPA's bf16 cast, to fp32
                 k.free(a * n * N)
                 _norm_bw(D, k, D.hd, heads * N, weighted=False, g_bytes=F32, x_bytes=F32,
-                         x_saved=F32 * n * N, fresh=fresh)
+                         x_saved=F32 * n * N, mode=mode)
                 k.alloc(a * n * N)          # ToCopyBackward of the fp32 upcast
                 k.free(F32 * n * N)
             else:                           # saved input: the rotary output, or a view of qkv
                 _norm_bw(D, k, D.hd, heads * N, weighted=False, g_bytes=a, x_bytes=a,
-                         x_saved=a * n * N if D.rotary else 0, fresh=fresh)
+                         x_saved=a * n * N if D.rotary else 0, mode=mode)
         if D.rotary:                        # apply_rotary backward: slices, products, cat
             k.alloc(2 * a * n * N)
             k.free(2 * a * n * N)
@@ -390,8 +396,8 @@ def _block_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
         k.free(_rope_casts(D), "activations")
     k.alloc(a * (q + 2 * kv) * N)           # cat: grad of the qkv output
     k.free(a * (q + 2 * kv) * N)
-    _linear_bw(D, k, d, q + 2 * kv, N, x_cast=ac, x_free=True, g_free=True, fresh=fresh)
-    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, fresh=fresh)
+    _linear_bw(D, k, d, q + 2 * kv, N, x_cast=ac, x_free=True, g_free=True, mode=mode)
+    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, mode=mode)
     k.alloc(r * d * N)                      # the residual grad accumulates the norm1 branch
     k.free(2 * r * d * N)
 
@@ -429,15 +435,15 @@ def _loss_ce_bw(D: _Dims, k: _Walk, n: int) -> None:
         k.free(F32 * NV, "loss_temporaries")
 
 
-def _loss_full_bw(D: _Dims, k: _Walk, N: int, fresh: bool) -> None:
+def _loss_full_bw(D: _Dims, k: _Walk, N: int, mode: str) -> None:
     """Unchunked loss backward, then the head matmul's (its input: norm_f's output, a bf16 copy
     under autocast). A tied head's grad waits in the engine's buffer for the embedding's."""
     _loss_ce_bw(D, k, N)
-    _linear_bw(D, k, D.d, D.V, N, x_cast=D.ac, x_free=True, g_free=True, fresh=fresh, bias=False,
+    _linear_bw(D, k, D.d, D.V, N, x_cast=D.ac, x_free=True, g_free=True, mode=mode, bias=False,
                g_kind="loss_temporaries", hold=D.tied)
 
 
-def _loss_chunk_bw(D: _Dims, k: _Walk, c: int, N: int, first: bool, fresh: bool, frees_rows: int = 0) -> None:
+def _loss_chunk_bw(D: _Dims, k: _Walk, c: int, N: int, first: bool, mode: str, frees_rows: int = 0) -> None:
     """One chunk of the chunked loss: recompute (checkpoint), backward, accumulate head grads."""
     a, V, d = D.a, D.V, D.d
     cV = c * V
@@ -510,19 +516,25 @@ def _muon_temporaries(D: _Dims) -> int:
     return max(D.w * m * n + 4 * m * n + 4 * min(m, n) ** 2 for m, n in shapes)
 
 
-def _scenario(cfg: StepConfig, grads: int) -> tuple[int, bool]:
-    """The micro-step that peaks: (gradient bytes alive before its backward, fresh gradients?).
+def _scenarios(cfg: StepConfig, grads: int) -> tuple[tuple[int, str], ...]:
+    """The micro-steps that can peak: (gradient bytes alive before the backward, grad mode).
 
     dp=1 without accumulation: backward makes the gradients (fresh), so they grow as it goes.
-    With accumulation a later micro-step adds into gradients that already exist, which is never
-    lower. DDP (gradient_as_bucket_view, as runner/train.py wraps it) holds one copy in its bucket
-    for the whole run; under no_sync (every micro-step but the last) autograd keeps fresh
-    gradients beside it, so with accumulation two copies are alive.
+    With accumulation a later micro-step adds into gradients that already exist, never lower.
+    DDP (gradient_as_bucket_view, as runner/train.py wraps it) holds one copy in its bucket for
+    the whole run. Under no_sync (every micro-step but the last) autograd keeps fresh gradients
+    beside it; the synced micro-step copies them into the bucket and frees them as it goes. With
+    two micro-steps the first (bucket + growing fresh grads) or the synced one (two copies,
+    shrinking) peaks; with three or more a middle one (two copies throughout) does.
     """
-    ddp, accum = cfg.dp > 1, cfg.grad_accum_steps > 1
-    if not ddp and not accum:
-        return 0, True
-    return (2 * grads if ddp and accum else grads), False
+    ddp, accum = cfg.dp > 1, cfg.grad_accum_steps
+    if not ddp:
+        return ((0, "fresh"),) if accum <= 1 else ((grads, "add"),)
+    if accum <= 1:
+        return ((grads, "add"),)
+    if accum == 2:
+        return ((grads, "fresh"), (2 * grads, "sync"))
+    return ((2 * grads, "add"),)
 
 
 @dataclass(frozen=True)
@@ -546,118 +558,112 @@ def _model(spec: ModelSpec, precision: Precision, optimizer: Optimizer) -> _Mode
                   muon=_muon_temporaries(D) if optimizer == "muon" else 0)
 
 
-Steps = list[tuple[int, int]]       # (level, gradient bytes) after each allocation
-
-
-def _step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, fresh: bool, base_grads: int,
-               track: bool) -> dict[str, Any]:
-    """Replay one steady-state step for N tokens per micro-batch.
-
-    Returns, per phase, either (peak level, kinds at the peak) when `track`, or the list of
-    (level, gradient bytes) after every allocation (for the fast path's profiles).
-    """
-    D = m.D
-    w, a, r, d, V, L = D.w, D.a, D.r, D.d, D.V, m.L
-    grads_total = m.params
-    fixed = {"parameters": m.params, "buffers": m.buffers, "optimizer_state": m.optimizer_state}
+def _saved(m: _Model, N: Any, ckpt: bool, chunk: int) -> tuple[Any, Any, Any]:
+    """(activations, head input kept for the head's backward, loss outputs) at forward end."""
+    D, L = m.D, m.L
+    r, d, a, V = D.r, D.d, D.a, D.V
     inputs = 2 * I64 * N                                   # token ids and targets
-    layer = _layer_saved(D, N)
-    blocks = L * (r * d * N if ckpt else layer)            # checkpointing keeps block inputs only
+    blocks = L * (r * d * N if ckpt else _layer_saved(D, N))   # checkpointing keeps block inputs only
     tail = r * d * N + _stats(D) * N                       # last block output, norm_f statistics
     tail += I64 * D.T if D.learned_pos else 0              # positions, saved for wpe's backward
     if chunk:
-        head_saved = r * d * N                             # norm_f output, kept by the checkpointed chunks
-        loss_saved = 0
+        head = r * d * N                                   # norm_f output, kept by the checkpointed chunks
+        loss = 0
     else:
-        head_saved = a * d * N + (a * V * d if D.ac else 0)  # head input and bf16 weight copy
-        loss_saved = F32 * N * V * (2 if D.softcap else 1)   # log_softmax (and tanh) outputs
-    acts = inputs + blocks + tail + head_saved
-    kinds0 = {**fixed, "gradients": base_grads, "activations": acts, "loss_temporaries": loss_saved,
-              "temporaries": 0}
-    level0 = sum(kinds0.values())
-    out: dict[str, Any] = {}
+        head = a * d * N + (a * V * d if D.ac else 0)      # head input and its bf16 weight copy
+        loss = F32 * N * V * (2 if D.softcap else 1)       # log_softmax (and tanh) outputs
+    return inputs + blocks + tail + head, head, loss
 
-    def single(phase: str, level: int, grads: int, kinds: dict[str, int]) -> None:
-        out[phase] = (level, kinds) if track else [(level, grads)]
 
-    # forward end: everything saved, the loss forward's logits, and under checkpointing the
-    # autocast cache of every layer's bf16 weights (freed only when autocast exits)
-    cache = L * 2 * _block_weights(D) if (ckpt and D.ac) else 0
-    n_fw = chunk or N
-    if chunk:                                              # a chunk's bf16 weight copy and rows
-        fw_extra = a * V * d + a * d * n_fw if D.ac else 0
+def _forward_extra(m: _Model, N: Any, ckpt: bool, chunk: int) -> tuple[Any, Any]:
+    """(loss logits, other) alive at the loss forward's peak beyond what is saved."""
+    D = m.D
+    a, d, V = D.a, D.d, D.V
+    cache = m.L * 2 * _block_weights(D) if (ckpt and D.ac) else 0   # autocast's cache, under checkpointing
+    if chunk:                                              # the cached bf16 weight copy (the rows' copy
+        other = a * V * d if D.ac else 0                   # is freed once the chunk's matmul has run)
     else:                                                  # norm_f output, a local until forward returns
-        fw_extra = r * d * N
-    fw_loss = _loss_fw_peak(D, n_fw)
-    single("forward_end", level0 - loss_saved + fw_loss + cache + fw_extra, base_grads,
-           {**kinds0, "loss_temporaries": fw_loss, "temporaries": cache + fw_extra})
+        other = D.r * d * N
+    return _loss_fw_peak(D, chunk or N), cache + other
 
-    # backward start: the loss (one chunk at a time when chunked), the head, norm_f
-    k = _Walk(level0, base_grads, kinds0 if track else None, record=not track)
+
+def _loss_head_bw(D: _Dims, k: Any, N: Any, head: Any, mode: str, chunk: int, n_chunks: int,
+                  first_chunk: Any) -> None:
+    """Backward from the loss to the last block's output: loss (chunked or not), head, norm_f."""
+    w, a, d, V = D.w, D.a, D.d, D.V
     if chunk:
         # chunks run last to first; the second stands for every later one (the first, no larger
         # and without the accumulated grads, never peaks higher). Without autocast the
         # recomputed matmul saves a view of norm_f's output, so the last chunk's matmul frees it.
-        early = 0 if D.ac or n_chunks > 2 else head_saved
-        _loss_chunk_bw(D, k, N - (n_chunks - 1) * chunk, N, True, fresh)
-        _loss_chunk_bw(D, k, chunk, N, False, fresh, frees_rows=early)
+        early = 0 if D.ac or n_chunks > 2 else head
+        _loss_chunk_bw(D, k, first_chunk, N, True, mode)
+        _loss_chunk_bw(D, k, chunk, N, False, mode, frees_rows=early)
         if D.ac:                                           # ToCopyBackward of the weight copy
             k.alloc(F32 * V * d)
             k.free(a * V * d)
-        if D.tied:                                         # waits for the embedding's grad
-            k.move(w * V * d, "temporaries", "gradients")
-        else:
-            _grad(k, w * V * d, fresh)
-        k.free(head_saved - early, "activations")
+        if not D.tied:                                     # a tied grad waits for the embedding's
+            _grad(k, w * V * d, mode)
+        k.free(head - early, "activations")
     else:
-        _loss_full_bw(D, k, N, fresh)
-    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, fresh=fresh)
-    out["backward_start"] = (k.peak, k.at_peak) if track else k.steps
+        _loss_full_bw(D, k, N, mode)
+    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=D.r, x_bytes=D.r, x_saved=D.r * d * N, mode=mode)
 
-    # blocks: walk one (they are identical); the stack's top and bottom follow by linearity
-    top, top_g = k.level, k.grads
-    top_kinds = dict(k.kinds) if track else {}
-    b = _Walk(0, 0, {} if track else None, record=not track)
-    if ckpt:
-        b.alloc(layer - r * d * N, "activations")         # the block's forward, recomputed
-    _block_bw(D, b, N, fresh)
-    dX, dG = b.level, b.grads
-    if track:
-        best = None
-        for i in (0, L - 1):
-            lv = top + i * dX + b.peak
-            if best is None or lv > best[0]:
-                keys = set(top_kinds) | set(b.kinds) | set(b.at_peak)
-                best = (lv, {key: top_kinds.get(key, 0) + i * b.kinds.get(key, 0) + b.at_peak.get(key, 0)
-                             for key in keys})
-        out["backward_layers"] = best
-    else:
-        steps = b.steps or []
-        out["backward_layers"] = ([(top + lv, top_g + g) for lv, g in steps]
-                                  + [(top + (L - 1) * dX + lv, top_g + (L - 1) * dG + g) for lv, g in steps])
 
-    # embedding backward, with every other gradient made
-    ekinds = ({key: top_kinds.get(key, 0) + L * b.kinds.get(key, 0) for key in set(top_kinds) | set(b.kinds)}
-              if track else None)
-    e = _Walk(top + L * dX, top_g + L * dG, ekinds, record=not track)
+def _embedding_bw(D: _Dims, e: Any, N: Any, mode: str) -> None:
+    """Backward of the input embeddings, when every other gradient exists."""
+    w, r, d, V = D.w, D.r, D.d, D.V
     if D.learned_pos:
         e.alloc(r * D.T * d)                               # grad of wpe's output, summed over the batch
         e.alloc(w * D.T * d)                               # embedding_dense_backward for wpe
         e.free(r * D.T * d)
-        _grad(e, w * D.T * d, fresh)
+        _grad(e, w * D.T * d, mode)
         e.free(I64 * D.T, "activations")
     e.alloc(w * V * d)                                     # embedding_dense_backward for wte
     e.free(r * d * N)                                      # the incoming grad
     if D.tied:                                             # the engine adds it to the head's grad
         e.alloc(w * V * d)
-        e.free(w * V * d, "gradients")
-        e.free(w * V * d)
-    _grad(e, w * V * d, fresh)
-    out["backward_end"] = (e.peak, e.at_peak) if track else e.steps
+        e.free(2 * w * V * d)
+    _grad(e, w * V * d, mode)
 
+
+def _step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: str,
+               base_grads: int, shard: int = 1) -> dict[str, tuple[int, dict[str, int]]]:
+    """Replay one steady-state step for N tokens per micro-batch: each phase's peak and its kinds."""
+    D, L = m.D, m.L
+    fixed = {"parameters": m.params, "buffers": m.buffers, "optimizer_state": m.optimizer_state}
+    acts, head, loss = _saved(m, N, ckpt, chunk)
+    kinds0 = {**fixed, "gradients": base_grads, "activations": acts, "loss_temporaries": loss, "temporaries": 0}
+    level0 = sum(kinds0.values())
+    out: dict[str, tuple[int, dict[str, int]]] = {}
+    fw_loss, fw_other = _forward_extra(m, N, ckpt, chunk)
+    out["forward_end"] = (level0 - loss + fw_loss + fw_other,
+                          {**kinds0, "loss_temporaries": fw_loss, "temporaries": fw_other})
+    k = _Walk(level0, kinds0, shard)
+    _loss_head_bw(D, k, N, head, mode, chunk, n_chunks, N - (n_chunks - 1) * chunk if chunk else 0)
+    out["backward_start"] = (k.peak, k.at_peak)
+    # blocks: walk one (they are identical); the stack's top and bottom follow by linearity
+    b = _Walk(0, {}, shard)
+    if ckpt:
+        b.alloc(_layer_saved(D, N) - D.r * D.d * N, "activations")   # the block's forward, recomputed
+    _block_bw(D, b, N, mode)
+    best: tuple[int, dict[str, int]] = (-1, {})
+    for i in (0, L - 1):
+        lv = k.level + i * b.level + b.peak
+        if lv > best[0]:
+            keys = set(k.kinds or {}) | set(b.kinds or {}) | set(b.at_peak)
+            best = (lv, {key: (k.kinds or {}).get(key, 0) + i * (b.kinds or {}).get(key, 0) + b.at_peak.get(key, 0)
+                         for key in keys})
+    out["backward_layers"] = best
+    ekinds = {key: (k.kinds or {}).get(key, 0) + L * (b.kinds or {}).get(key, 0)
+              for key in set(k.kinds or {}) | set(b.kinds or {})}
+    e = _Walk(k.level + L * b.level, ekinds, shard)
+    _embedding_bw(D, e, N, mode)
+    out["backward_end"] = (e.peak, e.at_peak)
     # optimizer step: parameters, gradients (the DDP bucket), state, the step's temporaries
-    single("optimizer_step", sum(fixed.values()) + grads_total + inputs + m.muon, grads_total,
-           {**fixed, "gradients": grads_total, "activations": inputs, "temporaries": m.muon})
+    inputs = 2 * I64 * N
+    grads = m.params // shard
+    out["optimizer_step"] = (sum(fixed.values()) + grads + inputs + m.muon,
+                             {**fixed, "gradients": grads, "activations": inputs, "temporaries": m.muon})
     return out
 
 
@@ -667,11 +673,20 @@ def _chunking(cfg: StepConfig) -> tuple[int, int]:
     return chunk, (math.ceil(N / chunk) if chunk else 0)
 
 
-def _shard_cut(strategy: str, dp: int, kinds: dict[str, int], gathered: int) -> int:
-    """Bytes a sharded strategy saves at a moment of the DDP-state step (minus what it adds)."""
+def _grad_shard(cfg: StepConfig) -> int:
+    """The degree gradients are sharded over: dp for zero2 and fsdp, else 1."""
+    return max(1, cfg.dp) if cfg.strategy in ("zero2", "fsdp") else 1
+
+
+def _state_cut(m: _Model, strategy: str, dp: int, w: int, spec: ModelSpec) -> int:
+    """Bytes sharding removes from optimizer state (zero1+) and parameters (fsdp), minus the
+    two layers FSDP keeps gathered; gradients are sharded inside the walk."""
     if strategy == "ddp" or dp <= 1:
         return 0
-    return sum(kinds[key] - kinds[key] // dp for key in SHARDED[strategy]) - (gathered if strategy == "fsdp" else 0)
+    cut = m.optimizer_state - m.optimizer_state // dp
+    if strategy == "fsdp":
+        cut += m.params - m.params // dp - fsdp_gathered_bytes(spec, w)
+    return cut
 
 
 def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
@@ -681,20 +696,21 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
     m = _model(spec, cfg.precision, cfg.optimizer)
     N = cfg.device_batch_size * spec.seq_len
     chunk, n_chunks = _chunking(cfg)
-    base_grads, fresh = _scenario(cfg, m.params)
-    moments = _step_walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, fresh, base_grads, track=True)
     dp = max(1, cfg.dp)
     phases: dict[str, int] = {}
     best: tuple[int, str, dict[str, int]] = (-1, "", {})
-    for phase, (level, kinds) in moments.items():
-        breakdown = {key: int(kinds.get(key, 0)) for key in BREAKDOWN_KEYS}
-        breakdown["temporaries"] += level - sum(breakdown.values())
-        if cfg.strategy != "ddp" and dp > 1:
-            breakdown = shard_breakdown(breakdown, cfg.strategy, dp, spec, m.D.w)
-        total = sum(breakdown.values())
-        phases[phase] = total
-        if total > best[0]:
-            best = (total, phase, breakdown)
+    shard = _grad_shard(cfg)
+    for base_grads, mode in _scenarios(cfg, m.params):
+        moments = _step_walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, mode, base_grads // shard, shard)
+        for phase, (level, kinds) in moments.items():
+            breakdown = {key: int(kinds.get(key, 0)) for key in BREAKDOWN_KEYS}
+            breakdown["temporaries"] += level - sum(breakdown.values())
+            if cfg.strategy != "ddp" and dp > 1:
+                breakdown = shard_breakdown(breakdown, cfg.strategy, dp, spec, m.D.w)
+            total = sum(breakdown.values())
+            phases[phase] = max(phases.get(phase, 0), total)
+            if total > best[0]:
+                best = (total, phase, breakdown)
     allocated, peak_phase, breakdown = best
     over = dict(overheads or {})
     if fragmentation:
@@ -704,19 +720,49 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
 
 
 # --------------------------------------------------------------------------- the fast path
+#
+# Every byte count above is linear in N (tokens per micro-batch) once the model, precision,
+# optimizer, checkpointing and chunk layout are fixed. The fast path replays each part of the
+# backward once with N = 1j (the imaginary part collects the per-token bytes), keeps the upper
+# envelope of the resulting lines, and caches it, so a search pays a few lines per candidate.
 
-Line = tuple[int, int, int]          # (bytes at N=0, bytes per token, gradient bytes)
+Line = tuple[int, int]               # (bytes at N = 0, bytes per token)
+
+
+class _Rec:
+    """Records the level after each allocation; levels are complex (α + β·j, with N = 1j)."""
+
+    __slots__ = ("level", "steps", "shard")
+
+    def __init__(self, shard: int) -> None:
+        self.level: Any = 0
+        self.steps: list[Any] = []
+        self.shard = shard
+
+    def alloc(self, n: Any, kind: str = "temporaries") -> None:
+        self.level += n
+        self.steps.append(self.level)
+
+    def free(self, n: Any, kind: str = "temporaries") -> None:
+        self.level -= n
+
+    def move(self, n: Any, src: str, dst: str) -> None:
+        pass
+
+
+def _line(z: Any) -> Line:
+    z = complex(z)
+    return (round(z.real), round(z.imag))
 
 
 def _upper_envelope(lines: list[Line]) -> tuple[Line, ...]:
-    """The lines that are the maximum for some N >= 1 (ties keep the larger gradient bytes)."""
-    lines = sorted(set(lines), key=lambda ln: (ln[1], ln[0], ln[2]))
+    """The lines that are the maximum for some N >= 1."""
     hull: list[Line] = []
-    for ln in lines:
+    for ln in sorted(set(lines), key=lambda x: (x[1], x[0])):
         while hull and hull[-1][1] == ln[1]:
             hull.pop()                       # same slope: the later (larger intercept) wins
         while len(hull) >= 2:
-            (a1, b1, _), (a2, b2, _) = hull[-2], hull[-1]
+            (a1, b1), (a2, b2) = hull[-2], hull[-1]
             # hull[-1] is useless if ln overtakes hull[-2] no later than hull[-1] does
             if (ln[0] - a1) * (b2 - b1) >= (a2 - a1) * (ln[1] - b1):
                 hull.pop()
@@ -728,19 +774,67 @@ def _upper_envelope(lines: list[Line]) -> tuple[Line, ...]:
     return tuple(hull)
 
 
+def _shift(lines: tuple[Line, ...], by: Line) -> list[Line]:
+    return [(a0 + by[0], b0 + by[1]) for a0, b0 in lines]
+
+
+def _part(walk: Any) -> tuple[tuple[Line, ...], Line]:
+    return _upper_envelope([_line(z) for z in walk.steps]), _line(walk.level)
+
+
+@lru_cache(maxsize=4096)
+def _block_part(D: _Dims, mode: str, shard: int) -> tuple[tuple[Line, ...], Line]:
+    """One block's backward from level 0: the envelope of its steps, and its net change."""
+    rec = _Rec(shard)
+    _block_bw(D, rec, 1j, mode)
+    return _part(rec)
+
+
+@lru_cache(maxsize=4096)
+def _loss_part(m: _Model, mode: str, chunk: int, n_chunks_is_2: bool, shard: int) -> tuple[tuple[Line, ...], Line]:
+    """The loss, head and norm_f backward from level 0: envelope and net change."""
+    rec = _Rec(shard)
+    head = _saved(m, 1j, False, chunk)[1]
+    # the chunk processed first is given a full chunk: an upper bound the next chunk dominates
+    _loss_head_bw(m.D, rec, 1j, head, mode, chunk, 2 if n_chunks_is_2 else 3, chunk)
+    return _part(rec)
+
+
+@lru_cache(maxsize=4096)
+def _embedding_part(D: _Dims, mode: str, shard: int) -> tuple[tuple[Line, ...], Line]:
+    rec = _Rec(shard)
+    _embedding_bw(D, rec, 1j, mode)
+    return _part(rec)
+
+
 @lru_cache(maxsize=16384)
 def _profile(spec: ModelSpec, precision: Precision, optimizer: Optimizer, ckpt: bool, chunk: int,
-             n_chunks_is_2: bool, fresh: bool) -> tuple[tuple[str, tuple[Line, ...]], ...]:
-    """Each phase's peak as the upper envelope of lines in N (every byte count is linear in N)."""
+             n_chunks_is_2: bool, mode: str, base_grads: int, shard: int) -> tuple[tuple[str, tuple[Line, ...]], ...]:
+    """Each phase's peak as an upper envelope of lines in N (DDP-state, gradients sharded)."""
     m = _model(spec, precision, optimizer)
-    n_chunks = 2 if n_chunks_is_2 else 3
-    one = _step_walk(m, 1, ckpt, chunk, n_chunks, fresh, 0, track=False)
-    two = _step_walk(m, 2, ckpt, chunk, n_chunks, fresh, 0, track=False)
-    out = []
-    for phase, s1 in one.items():
-        s2 = two[phase]
-        out.append((phase, _upper_envelope([(2 * l1 - l2, l2 - l1, g1) for (l1, g1), (l2, _) in zip(s1, s2, strict=True)])))
-    return tuple(out)
+    D, L = m.D, m.L
+    fixed = m.params + m.buffers + m.optimizer_state
+    acts, _head, loss = _saved(m, 1j, ckpt, chunk)
+    level0 = _line(fixed + base_grads + acts + loss)
+    fw_loss, fw_other = _forward_extra(m, 1j, ckpt, chunk)
+    forward = _line(fixed + base_grads + acts + fw_loss + fw_other)
+    loss_env, loss_net = _loss_part(m, mode, chunk, n_chunks_is_2, shard)
+    top = (level0[0] + loss_net[0], level0[1] + loss_net[1])
+    block_env, delta = _block_part(D, mode, shard)
+    if ckpt:                                 # each block's forward is recomputed before its backward
+        re = _line(_layer_saved(D, 1j) - D.r * D.d * 1j)
+        block_env = tuple(_shift(block_env, re))
+        delta = (delta[0] + re[0], delta[1] + re[1])
+    bottom = (top[0] + (L - 1) * delta[0], top[1] + (L - 1) * delta[1])
+    end = (top[0] + L * delta[0], top[1] + L * delta[1])
+    emb_env, _ = _embedding_part(D, mode, shard)
+    return (
+        ("forward_end", (forward,)),
+        ("backward_start", _upper_envelope([level0, *_shift(loss_env, level0)])),
+        ("backward_layers", _upper_envelope(_shift(block_env, top) + _shift(block_env, bottom))),
+        ("backward_end", _upper_envelope([end, *_shift(emb_env, end)])),
+        ("optimizer_step", (_line(fixed + m.params // shard + 2 * I64 * 1j + m.muon),)),
+    )
 
 
 def allocated_peak(cfg: StepConfig) -> int:
@@ -750,25 +844,16 @@ def allocated_peak(cfg: StepConfig) -> int:
     m = _model(spec, cfg.precision, cfg.optimizer)
     N = cfg.device_batch_size * spec.seq_len
     chunk, n_chunks = _chunking(cfg)
-    base_grads, fresh = _scenario(cfg, m.params)
-    dp = max(1, cfg.dp)
-    sharded = cfg.strategy != "ddp" and dp > 1
-    gathered = fsdp_gathered_bytes(spec, m.D.w) if sharded and cfg.strategy == "fsdp" else 0
+    shard = _grad_shard(cfg)
     best = 0
-    for _phase, lines in _profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
-                                  n_chunks == 2, fresh):
-        level, grads = -1, 0
-        for a0, b0, g0 in lines:
-            v = a0 + b0 * N
-            if v > level:
-                level, grads = v, g0
-        level += base_grads
-        if sharded:
-            kinds = {"parameters": m.params, "optimizer_state": m.optimizer_state, "gradients": grads + base_grads}
-            level -= _shard_cut(cfg.strategy, dp, kinds, gathered)
-        if level > best:
-            best = level
-    return best
+    for base_grads, mode in _scenarios(cfg, m.params):
+        for _phase, lines in _profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
+                                      n_chunks == 2, mode, base_grads // shard, shard):
+            for a0, b0 in lines:
+                v = a0 + b0 * N
+                if v > best:
+                    best = v
+    return best - _state_cut(m, cfg.strategy, max(1, cfg.dp), m.D.w, spec)
 
 
 SHARDED: dict[str, tuple[str, ...]] = {
@@ -785,19 +870,12 @@ def fsdp_gathered_bytes(spec: ModelSpec, w: int) -> int:
 
 
 def shard_breakdown(breakdown: dict[str, int], strategy: str, dp: int, spec: ModelSpec, w: int) -> dict[str, int]:
-    """Divide the sharded parts of a DDP-state breakdown by dp (analytic; see planner/trace.py)."""
+    """Divide optimizer state (zero1+) and parameters (fsdp) by dp and add FSDP's gathered
+    layers (analytic; gradients are sharded while walking the step, see `_grad`)."""
     out = dict(breakdown)
     for key in SHARDED[strategy]:
-        out[key] = out[key] // dp
+        if key != "gradients":
+            out[key] = out[key] // dp
     if strategy == "fsdp":
         out["temporaries"] += fsdp_gathered_bytes(spec, w)
     return out
-
-
-def loss_bytes(spec: ModelSpec, tokens: int, chunk: int, precision: Precision) -> tuple[int, int]:
-    """(logit-sized bytes the loss saves at forward end, more in flight at its backward's peak)."""
-    D = _dims(spec, precision)
-    V = D.V
-    if chunk <= 0 or chunk >= tokens:
-        return F32 * tokens * V * (2 if D.softcap else 1), 2 * F32 * tokens * V
-    return 0, F32 * chunk * V * (4 if D.softcap else 3)

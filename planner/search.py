@@ -33,7 +33,7 @@ from typing import Any, NamedTuple
 from planner.build import batch_choices, build_plan, memory_of
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params
 from planner.errors import PlanError
-from planner.memory import STRATEGIES, Optimizer, Precision, StepConfig, _bytes, layer_activation_bytes, loss_bytes
+from planner.memory import STRATEGIES, Optimizer, Precision, StepConfig, _bytes, allocated_peak, layer_activation_bytes
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.scaling import (
@@ -263,39 +263,26 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     evaluated = 0
     for spec in models:
         mp = _model_parts(spec, settings, hw)
-        P, L = mp.P, spec.n_layer
+        P = mp.P
         e_a = E + A / effective_params(P, ds)**ALPHA   # the model term of L(N', D') (scaling.predicted_loss)
         # per micro-batch: activation and loss bytes (strategy-independent)
         per_b = []
         for b in choices:
             tok = b * T
-            loss_saved, loss_tmp = loss_bytes(spec, tok, chunk, settings.precision)
             hw_flops_extra = mp.head_flops if (chunk and chunk < tok) else 0.0
-            per_b.append((b, tb // (b * T * g), mp.layer_tok * tok, mp.stream_tok * tok, loss_saved, loss_tmp,
-                          hw_flops_extra))
+            per_b.append((b, tb // (b * T * g), hw_flops_extra))
         for strat in strategies:
-            shard_p, shard_g, shard_o = strat == "fsdp", strat in ("zero2", "fsdp"), strat in ("zero1", "zero2", "fsdp")
-            dp = max(1, g)
-            params = P * w // (dp if shard_p else 1)
-            grads = P * w // (dp if shard_g else 1)
-            opt = mp.opt_elems * w // (dp if shard_o else 1)
-            cast = mp.cast_cache // dp if shard_p else mp.cast_cache
-            gathered = 2 * mp.per_layer * a if shard_p else 0
-            base = params + opt + cast + gathered
-            step_phase = params + grads + opt
             comm = comm_bytes_per_gpu(StepConfig(spec=spec, device_batch_size=1, dp=g, precision=settings.precision,
                                                  strategy=strat), g) / bw if g > 1 else 0.0  # type: ignore[arg-type]
-            ddp_multi = g > 1 and strat == "ddp"
             srank = STRATEGY_RANK[strat]
             for ac in ac_options:
                 f_hw = (mp.f_tok + mp.f_tok / 3.0) if ac else float(mp.f_tok)
-                for b, accum, layer, stream, loss_saved, loss_tmp, extra in per_b:
+                for b, accum, extra in per_b:
                     evaluated += 1
-                    acts = ((L * stream + layer) if ac else L * layer) + stream
-                    fwd_end = base + (grads if (accum > 1 or ddp_multi) else 0) + acts + loss_saved
-                    alloc = fwd_end + loss_tmp          # backward start >= forward end
-                    if step_phase > alloc:
-                        alloc = step_phase
+                    alloc = allocated_peak(StepConfig(  # planner.memory's cached fast path (= estimate)
+                        spec=spec, device_batch_size=b, grad_accum_steps=accum, dp=g, precision=settings.precision,
+                        optimizer=settings.optimizer, strategy=strat, activation_checkpointing=ac,  # type: ignore[arg-type]
+                        loss_chunk_tokens=chunk))
                     total = alloc + fixed_over + (int(alloc * frag) if frag else 0)
                     if total > capacity:
                         continue

@@ -13,20 +13,25 @@ and the planner stays torch-free until a trace is asked for.
 Two deliberate departures from a plain CPU run, both documented in docs/trace.md:
 
 1. CUDA kernel semantics (``kernels="cuda"``, the default). A CPU build cannot trace fake CUDA
-   tensors, and a few CPU kernels save different tensors than their CUDA counterparts. The trace
-   therefore applies CUDA's autocast policy to the ops the runner uses that CUDA autocasts to
-   fp32 and CPU does not (``rms_norm``, ``pow``/``square``, ``layer_norm``, ``softmax``,
-   ``log_softmax``), and runs ``rms_norm`` as CUDA's fused kernel does: it saves its input and
-   the per-row rstd, where the CPU decomposition also saves the normalised tensor.
+   tensors, and a few CPU kernels save different tensors than their CUDA counterparts. For the
+   trace, ``F.rms_norm`` and ``square``/``pow`` are swapped for versions that follow CUDA:
+   CUDA's autocast runs both in fp32 (the CPU policy does not; ReLU² in nanochat is a square),
+   and ``rms_norm`` runs as CUDA's fused kernel, which saves its input and the per-row rstd
+   where the CPU decomposition also saves the normalised tensor. The other ops the runner
+   uses (linear, SDPA, layer_norm and log_softmax on fp32 inputs, ...) already behave alike.
    ``kernels="cpu"`` traces the plain CPU path (what a CPU run of the runner does).
 2. Data-parallel state. DDP cannot wrap fake tensors, so one rank's DDP state is reproduced as
    torch's reducer behaves with ``gradient_as_bucket_view=True`` (runner/train.py): one flat
    bucket of all parameters that lives for the whole run, gradients copied into it and then
    viewed from it after each synced backward, and fresh gradients under ``no_sync``.
    tests/test_trace.py checks this against a real DDP on a fake process group byte for byte.
-   Sharded strategies (zero1, zero2, fsdp) are traced as DDP and their sharded parts
-   (optimizer state; + gradients; + parameters) at the peak are divided by the data-parallel
-   degree analytically.
+   Sharded strategies (zero1, zero2, fsdp) are traced as DDP; at every moment of the last step
+   their sharded parts (optimizer state; + gradients; + parameters) are divided by the
+   data-parallel degree, and FSDP adds two gathered layers: an analytic division, as
+   planner.memory does (sharded runner support comes later).
+
+The trace is eager: torch.compile (on by default for GPU plans) usually saves activation
+memory, so eager figures are an upper bound for compiled runs.
 
 Not traced: CUDA context, NCCL buffers, cuBLAS/flash-attention workspaces and allocator
 fragmentation. Those are the profile's overhead terms (assumptions until measured on a GPU).
@@ -37,11 +42,11 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
-from planner.counts import flops_per_token, n_params
+from planner.counts import flops_per_token
 from planner.memory import MemoryEstimate, StepConfig, estimate
 from planner.spec import ModelSpec
 
@@ -50,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from torch import nn
 
 Kernels = Literal["cuda", "cpu"]
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries")
+CATEGORIES = ("parameters", "buffers", "gradients", "optimizer_state", "activations", "temporaries")
 # Optimizer hyper-parameters do not change memory; these match planner.plan.Hyper's defaults.
 _HYPER = dict(lr=3e-4, matrix_lr=0.02, weight_decay=0.0, betas=(0.9, 0.95))
 
@@ -222,8 +227,6 @@ def _cuda_semantics() -> contextlib.AbstractContextManager[Any]:
     def up(t: Any) -> Any:
         return t.float() if isinstance(t, torch.Tensor) and t.dtype in low else t
 
-    orig_rms_norm = F.rms_norm
-
     def rms_norm(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
                  eps: float | None = None) -> torch.Tensor:
         if autocast_on():                 # CUDA autocast runs rms_norm in fp32
@@ -255,7 +258,6 @@ def _cuda_semantics() -> contextlib.AbstractContextManager[Any]:
                     delattr(owner, name)
                 else:
                     setattr(owner, name, old)
-            assert F.rms_norm is orig_rms_norm
 
     return applied()
 
@@ -292,7 +294,7 @@ def _rank_ddp(module: nn.Module) -> nn.Module:
 
         def _into_bucket(self, p: torch.Tensor) -> None:
             view = self.views[id(p)]
-            if self.sync and p.grad is not None and p.grad.untyped_storage() is not view.untyped_storage():
+            if self.sync and p.grad is not None and p.grad._base is not self.bucket:
                 view.copy_(p.grad)
                 p.grad = view
 
@@ -336,7 +338,8 @@ class TracedMemory:
 def _categories(snap: dict[Any, int]) -> dict[str, int]:
     by = {str(getattr(k, "value", k)): int(v) for k, v in snap.items()}
     return {
-        "parameters": by.get("Parameter", 0) + by.get("Buffer", 0),
+        "parameters": by.get("Parameter", 0),
+        "buffers": by.get("Buffer", 0),
         "gradients": by.get("Gradient", 0),
         "optimizer_state": by.get("Optstate", 0),
         "activations": by.get("Activation", 0),
@@ -344,28 +347,50 @@ def _categories(snap: dict[Any, int]) -> dict[str, int]:
     }
 
 
-def _make_tracker(base: type | None = None) -> Any:
-    """A MemTracker that also records which phase (forward/backward/optimizer) held the peak."""
+def _make_tracker(cut: Callable[[dict[str, int]], int] | None = None) -> Any:
+    """A MemTracker that records which phase (forward/backward/optimizer) held the peak.
+
+    With `cut` (bytes a sharded strategy would not hold, from the categories of a moment), it
+    also tracks the peak of the DDP-state level minus that cut, moment by moment.
+    """
     from torch.distributed._tools.mem_tracker import MemTracker
 
-    cls = base or MemTracker
-
-    class PhaseTracker(cls):  # type: ignore[misc, valid-type]
+    class PhaseTracker(MemTracker):
         peak_phase = "forward"
+        steady = False                       # set for the last step: the optimizer state exists
+        cut_peak = -1
+        cut_phase = "forward"
+        cut_categories: dict[str, int] = {}
+
+        def _phase(self) -> str:
+            return "optimizer" if self._in_opt else "backward" if self._mod_tracker.is_bw else "forward"
 
         def _update_peak_stats(self, peak_state: Any) -> None:
-            before = dict(self._peak_mem)
-            super()._update_peak_stats(peak_state)
-            if self._peak_mem != before:
-                self.peak_phase = ("optimizer" if self._in_opt else
-                                   "backward" if self._mod_tracker.is_bw else "forward")
+            # MemTracker's own version also updates every active module's local peak, a loop
+            # over all modules per op; only the global peak is needed here.
+            for dev, snap in self._curr_mem_snap.items():
+                total = snap["Total"]
+                if self._peak_mem.get(dev, 0) < total:
+                    self._peak_mem[dev] = total
+                    self._peak_mem_snap[dev] = dict(snap)
+                    self.peak_phase = self._phase()
+            if cut is not None and self.steady and self._curr_mem_snap:
+                cats = _categories(next(iter(self._curr_mem_snap.values())))
+                level = sum(cats.values()) - cut(cats)
+                if level > self.cut_peak:
+                    self.cut_peak, self.cut_phase, self.cut_categories = level, self._phase(), cats
 
     return PhaseTracker()
 
 
 def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, grad_clip: float = 1.0,
-                     tracker: Any = None) -> Any:
-    """Run `steps` runner training steps on fake CPU tensors under a MemTracker; return it."""
+                     tracker: Any = None, fake: bool = True,
+                     wrap: Callable[[nn.Module], nn.Module] | None = None) -> Any:
+    """Run `steps` runner training steps under a MemTracker (on fake CPU tensors); return it.
+
+    `fake=False` runs the same steps on real CPU tensors (tests compare the two); `wrap`
+    replaces the emulated DDP state for dp > 1 (tests pass a real DDP on a fake process group).
+    """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -375,7 +400,7 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
     spec = cfg.spec
     mt = tracker if tracker is not None else _make_tracker()
     semantics = _cuda_semantics() if kernels == "cuda" else contextlib.nullcontext()
-    with FakeTensorMode():
+    with FakeTensorMode() if fake else contextlib.nullcontext():
         model: nn.Module = GPT(spec, loss_chunk_tokens=cfg.loss_chunk_tokens,
                                activation_checkpointing=cfg.activation_checkpointing)
         if cfg.precision == "bf16":               # as runner/train.py build_model
@@ -383,11 +408,11 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
                 p.data = p.data.to(torch.bfloat16)
         raw = model
         if cfg.dp > 1:                              # runner/train.py wraps DDP when distributed
-            model = _rank_ddp(raw)
+            model = (wrap or _rank_ddp)(raw)
         opt = build_optimizer(raw, cfg.optimizer, _HYPER["lr"], _HYPER["matrix_lr"], _HYPER["weight_decay"],
                               _HYPER["betas"], "cpu")
-        extra = [model.bucket] if cfg.dp > 1 else []
-        mt.track_external(model, *opt.optimizers, *extra)
+        bucket = getattr(model, "bucket", None)
+        mt.track_external(model, *opt.optimizers, *([bucket] if bucket is not None else []))
 
         def micro_batches() -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
             while True:
@@ -397,7 +422,8 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
 
         batches = micro_batches()
         with mt, semantics:
-            for _ in range(steps):
+            for i in range(steps):
+                mt.steady = i == steps - 1
                 train_step(model, opt, batches, cfg.grad_accum_steps, cfg.precision, "cpu", grad_clip)
     return mt
 
@@ -405,22 +431,30 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
 def trace_memory(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, grad_clip: float = 1.0) -> TracedMemory:
     """Peak memory of one rank's training step (see the module docstring for what is emulated)."""
     t0 = time.perf_counter()
-    ddp_cfg = cfg
-    note = ""
     dp = max(1, cfg.dp)
-    if cfg.strategy != "ddp" and dp > 1:
-        from dataclasses import replace
+    if cfg.strategy == "ddp" or dp == 1:
+        mt = run_traced_steps(cfg, kernels=kernels, steps=steps, grad_clip=grad_clip)
+        cats = _categories(next(iter(mt.get_tracker_snapshot("peak").values())))
+        return TracedMemory(config=cfg, kernels=kernels, peak_bytes=sum(cats.values()), breakdown=cats,
+                            peak_phase=mt.peak_phase, seconds=time.perf_counter() - t0)
+    from dataclasses import replace
 
-        ddp_cfg = replace(cfg, strategy="ddp")
-    mt = run_traced_steps(ddp_cfg, kernels=kernels, steps=steps, grad_clip=grad_clip)
-    snap = next(iter(mt.get_tracker_snapshot("peak").values()))
-    cats = _categories(snap)
-    if ddp_cfg is not cfg:
-        shard = {"zero1": ("optimizer_state",), "zero2": ("optimizer_state", "gradients"),
-                 "fsdp": ("optimizer_state", "gradients", "parameters")}[cfg.strategy]
-        for k in shard:
-            cats[k] = cats[k] // dp
-        note = (f"{cfg.strategy}: traced as DDP, then {', '.join(s.replace('_', ' ') for s in shard)} "
-                f"at the peak divided by dp={dp} analytically")
+    from planner.memory import SHARDED, fsdp_gathered_bytes
+
+    w = 2 if cfg.precision == "bf16" else 4
+    extra = fsdp_gathered_bytes(cfg.spec, w) if cfg.strategy == "fsdp" else 0
+
+    def cut(cats: dict[str, int]) -> int:
+        return sum(cats[k] - cats[k] // dp for k in SHARDED[cfg.strategy]) - extra
+
+    tracker = _make_tracker(cut)
+    run_traced_steps(replace(cfg, strategy="ddp"), kernels=kernels, steps=steps, grad_clip=grad_clip, tracker=tracker)
+    cats = dict(tracker.cut_categories)
+    for k in SHARDED[cfg.strategy]:
+        cats[k] //= dp
+    cats["temporaries"] += extra
+    parts = ", ".join(k.replace("_", " ") for k in SHARDED[cfg.strategy])
+    note = (f"{cfg.strategy}: traced as DDP; at every moment {parts} divided by dp={dp}"
+            + (", plus two gathered layers" if extra else "") + " (analytic)")
     return TracedMemory(config=cfg, kernels=kernels, peak_bytes=sum(cats.values()), breakdown=cats,
-                        peak_phase=mt.peak_phase, seconds=time.perf_counter() - t0, note=note)
+                        peak_phase=tracker.cut_phase, seconds=time.perf_counter() - t0, note=note)

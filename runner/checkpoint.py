@@ -220,6 +220,27 @@ def latest_good(run_dir: str | Path, log: Callable[[str], None] = print) -> tupl
     return None
 
 
+def set_aside(run_dir: str | Path, step: int) -> Path | None:
+    """Move an unusable checkpoint out of the way before a resume writes newer ones.
+
+    Unfinished writes (no meta.json) are deleted; damaged complete ones are kept for
+    inspection under checkpoints/.damaged/.
+    """
+    p = step_dir(run_dir, step)
+    if not p.exists():
+        return None
+    if not (p / META).exists():
+        shutil.rmtree(p, ignore_errors=True)
+        return None
+    dest = ckpt_root(run_dir) / ".damaged" / p.name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(p, dest)
+    fsync_dir(ckpt_root(run_dir))
+    return dest
+
+
 # ---------------------------------------------------------------- writing
 
 def prepare_dir(path: Path) -> None:

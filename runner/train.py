@@ -37,7 +37,7 @@ from runner.data import TrainBatches, ValBatches, load_data
 from runner.display import Display
 from runner.metrics import STOP, MetricsLog, mfu, read_metrics, update_run_info, write_json
 from runner.model import GPT
-from runner.preflight import check_data, resolve_data_dir
+from runner.preflight import check_data, check_supported, resolve_data_dir
 from runner.step import autocast, build_optimizer, train_step
 
 EXIT_OK, EXIT_USAGE, EXIT_NAN = 0, 2, 3
@@ -180,6 +180,10 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
             log("no intact checkpoint; starting from scratch (--force)")
             return {"step": None}
         step, meta = found
+        for bad in [s for s in steps if s > step]:
+            moved = ck.set_aside(run_dir, bad)
+            if moved is not None:
+                log(f"moved the damaged checkpoint step_{bad:08d} to {moved}")
         if meta.get("plan_hash") != phash:
             if not force:
                 raise PlanError("--run-dir", f"checkpoint step_{step:08d} was made by a different plan "
@@ -230,6 +234,9 @@ class Trainer:
         self.accum = grad_accum_for(plan, d.world_size, self.args.force)
         self.tokens_per_step = tr.device_batch_size * tr.seq_len * self.accum * d.world_size
         self.total_steps = plan.schedule.total_steps
+        unsupported = check_supported(plan)
+        if unsupported and not self.args.force:
+            raise PlanError("plan", unsupported, "or --force to run it as DDP")
         data_dir = resolve_data_dir(plan, self.args.data, self.args.plan)
         check_data(plan, data_dir)
         self.data_dir = data_dir
@@ -276,6 +283,9 @@ class Trainer:
             rng = ckdir / f"rng_rank{d.rank}.pt"
             if rng.exists():
                 ck.set_rng_state(ck.load_torch(rng))
+            old_data = (self.resume_meta.get("data") or {}).get("data_dir")
+            if old_data and Path(old_data).resolve() != data_dir.resolve():
+                self.log(f"warning: the checkpoint was trained on {old_data}, this launch reads {data_dir}")
             self.log(f"resumed from {ckdir} (step {self.start_step}, "
                      f"{self.resume_meta['carried_hours'] * 60:.2f} min and ${self.resume_meta.get('usd_spent', 0):.2f} carried)")
 
@@ -487,7 +497,7 @@ class Trainer:
                      f"${total_h * self.usd_per_hour:.2f}{where}")
             if reason == "nan":
                 print("error: the loss is not finite; stopped without a checkpoint "
-                      "(lower --lr in the plan or check the data)", file=sys.stderr)
+                      "(lower request.hyper.lr in the plan, or check the data)", file=sys.stderr)
         return EXIT_NAN if reason == "nan" else EXIT_OK
 
 

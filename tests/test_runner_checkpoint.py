@@ -58,6 +58,10 @@ def test_damaged_or_unfinished_checkpoints_fall_back(tmp_path: Path) -> None:
     (ck.step_dir(tmp_path, 2) / "optim_rank0.pt").unlink()
     assert ck.verify(ck.step_dir(tmp_path, 2)) == (False, "optim_rank0.pt is missing")
     assert ck.latest_good(tmp_path, msgs.append)[0] == 1
+    # before resuming, unusable newer ones are set aside: debris deleted, damaged ones kept
+    assert ck.set_aside(tmp_path, 4) is None and not ck.step_dir(tmp_path, 4).exists()
+    assert ck.set_aside(tmp_path, 3) == tmp_path / "checkpoints" / ".damaged" / "step_00000003"
+    assert ck.list_steps(tmp_path) == [1, 2]
 
 
 def test_rewriting_a_step_clears_debris(tmp_path: Path) -> None:

@@ -1,1 +1,64 @@
-"""`nanoplan validate`: placeholder until its issue lands."""
+"""`nanoplan validate`: re-derive and fit-check plan.json files (and trace their real step)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, List
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from planner.cli import app
+from planner.units import fmt_bytes
+
+Opt = typer.Option
+
+
+@app.command()
+def validate(
+    plans: Annotated[List[str], typer.Argument(help="plan.json files (from nanoplan estimate --out)")],
+    trace: Annotated[bool, Opt("--trace", help="Also trace each plan's real training step (imports torch)")] = False,
+    json_out: Annotated[bool, Opt("--json", help="Print a JSON list, one object per plan")] = False,
+    headroom: Annotated[float, Opt(help="Memory headroom fraction for the fit check")] = 0.05,
+) -> None:
+    """Re-derive every number in each plan, check it fits; exit 0 all fit, 1 not, 2 bad input."""
+    from planner.validate import exit_code, validate_paths  # noqa: PLC0415
+
+    checks = validate_paths(plans, headroom=headroom, trace=trace)
+    if json_out:
+        typer.echo(json.dumps([c.as_json() for c in checks], indent=2))
+    else:
+        _print(checks, trace)
+    raise typer.Exit(exit_code(checks))
+
+
+def _print(checks: list, trace: bool) -> None:
+    t = Table(title="nanoplan validate (bytes per GPU: analytic/traced allocated peak; total adds the "
+                    "profile's overheads)", title_justify="left")
+    for col in ("plan", "model", "GPUs", "analytic", *(("traced", "Δ") if trace else ()),
+                "total", "capacity", "fits", "consistent"):
+        left = col in ("plan", "model", "GPUs")
+        t.add_column(col, justify="left" if left else "right", no_wrap=not left or col == "model")
+    for c in checks:
+        traced: tuple[str, ...] = ()
+        if trace:
+            traced = (fmt_bytes(c.traced_peak_bytes or 0), f"{c.trace_error:+.2%}" if c.trace_error is not None else "-")
+        t.add_row(c.path, c.name, c.gpu, fmt_bytes(c.analytic_peak_bytes), *traced, fmt_bytes(c.per_gpu_bytes),
+                  fmt_bytes(c.capacity_bytes), _yes(c.fits), _yes(c.consistent))
+    console = Console(width=None if sys.stdout.isatty() else 160)   # CI logs are wide
+    console.print(t)
+    for c in checks:
+        for p in c.problems:
+            console.print(f"[red]{c.path}[/red]: {p}", highlight=False)
+        if c.trace_note:
+            console.print(f"{c.path}: {c.trace_note}", highlight=False)
+    bad = sum(not c.ok for c in checks)
+    console.print(f"[green]all {len(checks)} plan(s) fit and are consistent[/green]" if not bad else
+                  f"[red]{bad} of {len(checks)} plan(s) failed[/red]")
+
+
+def _yes(ok: bool) -> Text:
+    return Text("yes", style="green") if ok else Text("no", style="bold red")

@@ -1,0 +1,139 @@
+"""Check plan.json files: re-derive every number, check the fit, optionally trace the real step.
+
+Used by `nanoplan validate` (and CI). Pure Python unless `trace=True`, which imports torch
+through planner.trace.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from planner.build import hardware_of, memory_of, rederive, step_config
+from planner.errors import PlanError
+from planner.memory import StepConfig
+from planner.plan import Plan, load_plan
+from planner.profiles import builtin_profiles
+from planner.units import fmt_bytes
+
+TRACE_TOLERANCE = 0.03          # analytic vs traced allocated peak (benchmarks/results/memory_accuracy.md)
+PROFILE_MEMORY_FIELDS = ("memory_gb", "usable_bytes", "overheads")
+
+
+@dataclass
+class PlanCheck:
+    """The verdict on one plan. Bytes are per GPU."""
+
+    path: str
+    name: str
+    gpu: str
+    fits: bool
+    consistent: bool
+    analytic_peak_bytes: int           # allocated peak of the re-derived step (comparable with the trace)
+    per_gpu_bytes: int                 # + fixed overheads and fragmentation: what must fit
+    capacity_bytes: int                # usable × (1 − headroom)
+    headroom: float
+    traced_peak_bytes: int | None = None
+    traced_per_gpu_bytes: int | None = None
+    trace_error: float | None = None   # analytic / traced − 1
+    trace_note: str = ""
+    trace_seconds: float | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.fits and self.consistent and not self.problems
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _profile_drift(plan: Plan) -> list[str]:
+    """Memory figures of the plan's embedded profile that differ from the built-in profile."""
+    prof = plan.request.profile
+    builtin = builtin_profiles().get(prof.name)
+    if builtin is None:
+        return []
+    out = []
+    for f in PROFILE_MEMORY_FIELDS:
+        mine, theirs = getattr(prof, f), getattr(builtin, f)
+        if mine != theirs:
+            out.append(f"request.profile.{f}: plan says {_plain(mine)!r}, built-in profile {prof.name} says "
+                       f"{_plain(theirs)!r} (rebuild the plan, or give the edited profile a name of its own)")
+    return out
+
+
+def _plain(v: Any) -> Any:
+    return v.model_dump() if hasattr(v, "model_dump") else v
+
+
+def plan_step_config(plan: Plan) -> StepConfig:
+    """The step the plan runs on each GPU (from its request and chosen micro-batch)."""
+    hw = hardware_of(plan.request)
+    return step_config(plan.request, plan.training.device_batch_size, hw.num_gpus)
+
+
+def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, trace: bool = False) -> PlanCheck:
+    """Re-derive `plan`, check it fits with `headroom`, and with `trace` hold it against a trace."""
+    try:
+        fresh, problems = rederive(plan, plan_path=_launch_plan_path(plan))
+    except PlanError as e:
+        raise PlanError(path, f"its request cannot be rebuilt: {e}", "regenerate it with nanoplan estimate --out") from None
+    problems = [f"stale or edited: {p}" for p in problems] + _profile_drift(plan)
+    consistent = not problems
+    hw = hardware_of(fresh.request)
+    cfg = plan_step_config(fresh)
+    mem = memory_of(cfg, hw)
+    capacity = int(hw.profile.usable_bytes * (1.0 - headroom))
+    fits = mem.total <= capacity
+    if not fits:
+        problems.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(capacity)} "
+                        f"({hw.profile.name}, {headroom:.0%} headroom)")
+    check = PlanCheck(path=path, name=fresh.model.name, gpu=fresh.hardware.spec, fits=fits, consistent=consistent,
+                      analytic_peak_bytes=mem.allocated_peak, per_gpu_bytes=mem.total, capacity_bytes=capacity,
+                      headroom=headroom, problems=problems)
+    if trace:
+        fixed = sum(v for k, v in mem.overhead.items() if k != "fragmentation")
+        frag = hw.profile.overheads.fragmentation if "fragmentation" in mem.overhead else 0.0
+        _add_trace(check, cfg, fixed, frag)
+    return check
+
+
+def _add_trace(check: PlanCheck, cfg: StepConfig, fixed: int, frag: float) -> None:
+    """Trace the plan's step; compare; check the traced total (plus the same overheads) fits."""
+    from planner.trace import trace_memory  # imports torch
+
+    t = trace_memory(cfg)
+    check.traced_peak_bytes = t.peak_bytes
+    check.trace_seconds = round(t.seconds, 2)
+    check.trace_note = t.note
+    check.trace_error = check.analytic_peak_bytes / t.peak_bytes - 1.0
+    check.traced_per_gpu_bytes = t.peak_bytes + fixed + int(t.peak_bytes * frag)
+    if abs(check.trace_error) > TRACE_TOLERANCE:
+        check.problems.append(f"memory model off by {check.trace_error:+.1%} against the traced step "
+                              f"({fmt_bytes(check.analytic_peak_bytes)} analytic vs {fmt_bytes(t.peak_bytes)} traced)")
+    if check.traced_per_gpu_bytes > check.capacity_bytes:
+        check.fits = False
+        check.problems.append(f"does not fit per the trace: {fmt_bytes(check.traced_per_gpu_bytes)} per GPU > "
+                              f"{fmt_bytes(check.capacity_bytes)}")
+
+
+def _launch_plan_path(plan: Plan) -> str:
+    cmd = plan.launch.command
+    return cmd[cmd.index("--plan") + 1] if "--plan" in cmd else "plan.json"
+
+
+def validate_paths(paths: list[str], *, headroom: float = 0.05, trace: bool = False) -> list[PlanCheck]:
+    """Load every plan first (a malformed one raises PlanError: exit 2), then check each."""
+    if not 0 <= headroom < 1:
+        raise PlanError("--headroom", f"must be in [0, 1), got {headroom}")
+    plans = [(str(p), load_plan(p)) for p in paths]
+    return [check_plan(plan, p, headroom=headroom, trace=trace) for p, plan in plans]
+
+
+def exit_code(checks: list[PlanCheck]) -> int:
+    """0 when every plan fits and is consistent, else 1."""
+    return 0 if all(c.ok for c in checks) else 1
+
+
+__all__ = ["PlanCheck", "check_plan", "exit_code", "plan_step_config", "validate_paths"]

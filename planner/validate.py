@@ -76,7 +76,7 @@ def plan_step_config(plan: Plan) -> StepConfig:
 def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, trace: bool = False) -> PlanCheck:
     """Re-derive `plan`, check it fits with `headroom`, and with `trace` hold it against a trace."""
     try:
-        fresh, problems = rederive(plan, plan_path=_launch_plan_path(plan))
+        fresh, problems = rederive(plan)
     except PlanError as e:
         raise PlanError(path, f"its request cannot be rebuilt: {e}", "regenerate it with nanoplan estimate --out") from None
     problems = [f"stale or edited: {p}" for p in problems] + _profile_drift(plan)
@@ -116,11 +116,6 @@ def _add_trace(check: PlanCheck, cfg: StepConfig, fixed: int, frag: float) -> No
         check.fits = False
         check.problems.append(f"does not fit per the trace: {fmt_bytes(check.traced_per_gpu_bytes)} per GPU > "
                               f"{fmt_bytes(check.capacity_bytes)}")
-
-
-def _launch_plan_path(plan: Plan) -> str:
-    cmd = plan.launch.command
-    return cmd[cmd.index("--plan") + 1] if "--plan" in cmd else "plan.json"
 
 
 def validate_paths(paths: list[str], *, headroom: float = 0.05, trace: bool = False) -> list[PlanCheck]:

@@ -37,7 +37,15 @@ from planner.memory import STRATEGIES, Optimizer, Precision, StepConfig, _bytes,
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.scaling import (
-    ALPHA, BETA, R_STAR_D, A, B, E, chinchilla_distance, effective_params, effective_tokens, predicted_loss,
+    ALPHA,
+    BETA,
+    R_STAR_D,
+    A,
+    B,
+    E,
+    chinchilla_distance,
+    effective_params,
+    effective_tokens,
 )
 from planner.spec import ModelSpec, style_spec
 from planner.throughput import LINK_EFFICIENCY, OVERLAP, comm_bytes_per_gpu
@@ -47,7 +55,8 @@ OBJECTIVES = ("loss", "max-model", "throughput", "chinchilla")
 STRATEGY_RANK = {s: i for i, s in enumerate(STRATEGIES)}
 DEFAULT_DEPTHS = tuple(range(2, 65, 2))
 LOSS_TOL = 0.005     # relative: predicted losses this close are a tie; the fit's own uncertainty is larger (Besiroglu et al. 2024)
-FRESH_EPOCHS = 4.0   # Muennighoff et al. 2023: up to ~4 epochs are about as good as fresh data
+FRESH_EPOCHS = 4.0
+EPOCH_LADDER = (1, 2, 3, 4)   # with a dataset, runs may also stop after these epochs   # Muennighoff et al. 2023: up to ~4 epochs are about as good as fresh data
 STYLE_VOCAB = {"nanochat": 65536, "custom": 65536, "gpt2": 50257, "llama": 32000}
 
 
@@ -81,7 +90,7 @@ class Settings:
     headroom: float = 0.05
     mfu: float | None = None
     dataset_tokens: int | None = None
-    max_epochs: float | None = FRESH_EPOCHS   # with a dataset: stop early at this many epochs
+    max_epochs: float | None = FRESH_EPOCHS   # with a dataset: never plan more epochs than this
 
 
 class Candidate(NamedTuple):
@@ -254,6 +263,8 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     chunk = settings.loss_chunk_tokens
     ds = settings.dataset_tokens
     cap_steps = (max(1, math.floor(settings.max_epochs * ds / tb)) if ds and settings.max_epochs else None)
+    epoch_steps = (sorted({max(1, math.floor(k * ds / tb)) for k in EPOCH_LADDER if cap_steps is None or k * ds / tb <= cap_steps})
+                   if ds and objective == "loss" else [])
 
     obj_code = {"loss": 0, "max-model": 1, "throughput": 2, "chinchilla": 2}[objective]
     fixed_steps = length.steps
@@ -298,16 +309,20 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
                     if cap_steps is not None and steps > cap_steps:
                         steps = cap_steps
                         hours = steps * step_s / 3600
-                    tokens = steps * tb
-                    loss = (e_a + B / tokens**BETA) if ds is None else e_a + B / effective_tokens(tokens, ds)**BETA
-                    c = Candidate(spec, P, b, accum, strat, ac, total, step_s, tb / step_s, steps, tokens, hours,
-                                  hours * usd_per_hour, loss, tokens / ds if ds else None)
-                    if obj_code == 0:
-                        ranked.append(((loss, srank, ac, -b), c))
-                    elif obj_code == 1:
-                        ranked.append(((-P, -tokens, step_s, srank, ac, -b), c))
-                    else:
-                        ranked.append(((-tokens, step_s, srank, ac, -b), c))
+                    # with a dataset, shorter runs that stop at whole numbers of epochs are candidates too
+                    lengths = [steps] + [k for k in epoch_steps if k < steps] if epoch_steps else [steps]
+                    for steps in lengths:
+                        hours = steps * step_s / 3600 if steps != lengths[0] else hours
+                        tokens = steps * tb
+                        loss = (e_a + B / tokens**BETA) if ds is None else e_a + B / effective_tokens(tokens, ds)**BETA
+                        c = Candidate(spec, P, b, accum, strat, ac, total, step_s, tb / step_s, steps, tokens, hours,
+                                      hours * usd_per_hour, loss, tokens / ds if ds else None)
+                        if obj_code == 0:
+                            ranked.append(((loss, srank, ac, -b), c))
+                        elif obj_code == 1:
+                            ranked.append(((-P, -tokens, step_s, srank, ac, -b), c))
+                        else:
+                            ranked.append(((-tokens, step_s, srank, ac, -b), c))
     if objective == "chinchilla":
         # Rank models by how close their fastest setting gets to 20 tokens/param, then the fastest setting:
         # slowing a run down (e.g. needless checkpointing) to hit the ratio would waste the budget.

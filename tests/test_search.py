@@ -233,27 +233,32 @@ def test_dataset_350m_is_not_trained_for_34_epochs() -> None:
     blind = search(ms, hw, Length(budget_usd=1000)).best
     aware = search(ms, hw, Length(budget_usd=1000), Settings(dataset_tokens=350_000_000)).best
     assert blind.tokens / 350e6 > 150          # ignoring the dataset: d26 would repeat it ~157 times
-    assert aware.epochs < 34
-    assert aware.n_params > blind.n_params     # the budget goes into parameters instead of repeats
+    assert aware.epochs <= 4.0 + 1e-9          # stops at --max-epochs (default 4)
+    assert aware.n_params < blind.n_params     # a smaller model: excess parameters are discounted too
+    assert aware.usd < 1000                    # and the rest of the budget is not spent on repeats
+    loose = search(ms, hw, Length(budget_usd=1000), Settings(dataset_tokens=350_000_000, max_epochs=None)).best
+    assert loose.epochs > 4 and loose.usd == pytest.approx(1000)   # without the cap the budget buys repeats
 
 
-def test_smaller_dataset_fewer_repeats() -> None:
-    """A smaller dataset never makes the search see it more often than the dataset-blind plan would,
-    and the total tokens shrink with the dataset (repeats are worth less than fresh tokens)."""
+def test_smaller_dataset_smaller_model_fewer_tokens() -> None:
+    """Shrinking the dataset never adds tokens or epochs beyond --max-epochs; once the data (not the
+    budget) limits the run, a smaller dataset gives a smaller or equal model; a dataset bigger than the
+    run changes nothing. (Where the binding limit switches from budget to data, the budget the cap
+    frees buys a bigger model instead of repeats: fewer tokens, bigger N.)"""
     hw = parse_gpu_spec("8xH100")
     ms = depth_ladder()
     blind = search(ms, hw, Length(budget_usd=1000)).best
     prev = None
-    for u in (1e12, 100e9, 30e9, 3e9, 350e6, 100e6):
+    for u in (1e12, 100e9, 30e9, 10e9, 3e9, 1e9, 350e6, 100e6):
         c = search(ms, hw, Length(budget_usd=1000), Settings(dataset_tokens=int(u))).best
-        assert c.epochs <= blind.tokens / u + 1e-9
-        if blind.tokens > 10 * u:          # heavy repetition: the plan must change
-            assert c.epochs < blind.tokens / u and c.n_params > blind.n_params
+        assert c.epochs <= 4.0 + 1e-9 and c.epochs <= blind.tokens / u + 1e-9
         if prev is not None:
-            assert c.tokens <= prev.tokens and c.n_params >= prev.n_params
+            assert c.tokens <= prev.tokens
+            if prev.epochs >= 4.0 - 1e-3 and prev.usd < 500:   # both runs limited by data, not by budget
+                assert c.n_params <= prev.n_params and c.usd <= prev.usd
         prev = c
     big = search(ms, hw, Length(budget_usd=1000), Settings(dataset_tokens=10**12)).best
-    assert (big.spec, big.tokens) == (blind.spec, blind.tokens)   # a dataset bigger than the run changes nothing
+    assert (big.spec, big.tokens) == (blind.spec, blind.tokens)
 
 
 # ------------------------------------------------------------- explanations and the CLI
@@ -264,10 +269,10 @@ def test_explain_has_numbers() -> None:
     text = "\n".join(explain(res))
     assert re.search(r"d26 beats d28: at 31\.6 h, d28 would see only 34\.3 tokens/param", text), text
     assert re.search(r"d26 beats d24: d24 would see 76\.9 tokens/param", text), text
-    assert "Searched 1,536 candidates" in text and "997 fit" in text
+    assert "Searched 1,536 candidates" in text and f"{len(res.ranked):,} fit" in text
     ds = search(depth_ladder(), parse_gpu_spec("8xH100"), Length(budget_usd=1000), Settings(dataset_tokens=350_000_000))
     text = "\n".join(explain(ds))
-    assert "epochs" in text and "Muennighoff" in text and "with ddp, d46 does not fit" in text
+    assert "Muennighoff" in text and "It stops at 4 epochs" in text and "of the $1,000 budget" in text
 
 
 def test_search_cli_device_batch_and_bad_input() -> None:

@@ -311,6 +311,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
                         hours = steps * step_s / 3600
                     # with a dataset, shorter runs that stop at whole numbers of epochs are candidates too
                     lengths = [steps] + [k for k in epoch_steps if k < steps] if epoch_steps else [steps]
+                    evaluated += len(lengths) - 1
                     for steps in lengths:
                         hours = steps * step_s / 3600 if steps != lengths[0] else hours
                         tokens = steps * tb
@@ -434,8 +435,11 @@ def explain(result: SearchResult) -> list[str]:
     when = f"at {_h(best.hours)}" if result.length.steps is None else f"in {best.steps:,} steps"
     obj = result.objective
     if obj == "loss":
-        out.append(f"{_loss_line(best)} has the lowest predicted loss, {best.loss:.3f}: {fmt_count(best.tokens)} tokens "
-                   f"({_tpp(best)} tokens/param{_data_clause(best, ds)}) {when} for ${best.usd:,.0f}.")
+        verb = "is the cheapest run whose predicted loss ties the best" if best.loss > min(c.loss for c in result.ranked) \
+            else "has the lowest predicted loss"
+        out.append(f"{_loss_line(best)} {verb}, {best.loss:.3f}: {fmt_count(best.tokens)} tokens "
+                   f"({_tpp(best)} tokens/param{_data_clause(best, ds)}) {when} for ${best.usd:,.0f}"
+                   + (f" (ties: losses within {LOSS_TOL:.1%})." if ds else "."))
     elif obj == "max-model":
         out.append(f"{_loss_line(best)} is the biggest model that fits; it sees {fmt_count(best.tokens)} tokens "
                    f"({_tpp(best)} tokens/param{_data_clause(best, ds)}) {when}.")
@@ -456,7 +460,11 @@ def explain(result: SearchResult) -> list[str]:
         for other in (x for x in (bigger, smaller) if x is not None):
             out.append(f"{best.name} beats {other.name}: {other.name} would see {_tpp(other)} "
                        f"tokens/param, further from 20.")
-    if bigger is not None and obj in ("loss", "throughput"):
+    if bigger is not None and obj == "loss" and bigger.loss < best.loss:
+        out.append(f"{best.name} beats {bigger.name}: {bigger.name}'s predicted loss {bigger.loss:.3f} is within "
+                   f"{LOSS_TOL:.1%} of {best.loss:.3f}, a tie for this fit, and it would cost ${bigger.usd:,.0f} "
+                   f"instead of ${best.usd:,.0f}.")
+    elif bigger is not None and obj in ("loss", "throughput"):
         out.append(f"{best.name} beats {bigger.name}: {bwhen}, {bigger.name} would see only "
                    f"{_tpp(bigger)} tokens/param{_data_clause(bigger, ds)} (predicted loss {bigger.loss:.3f}).")
     if smaller is not None and obj == "loss":

@@ -11,7 +11,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -21,7 +21,12 @@ from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 
 SCHEMA_VERSION = 1
-Finite = dict(allow_inf_nan=False)
+Finite = dict(allow_inf_nan=False, strict=True)   # strict: a JSON true is not the number 1
+# Upper bounds far beyond any real run: they turn absurd input into a one-line error instead of
+# an overflow deep inside torch or numpy (e.g. a 10**30 seed).
+MAX_COUNT = 10**15
+Beta = Annotated[float, Field(ge=0, lt=1, **Finite)]
+NonNegInt = Annotated[int, Field(ge=0)]
 
 
 class _Strict(BaseModel):
@@ -34,15 +39,15 @@ class Hyper(_Strict):
     lr: float = Field(default=3e-4, gt=0, le=10, **Finite)          # AdamW peak LR
     matrix_lr: float = Field(default=0.02, gt=0, le=10, **Finite)   # Muon LR (nanochat uses 0.02)
     weight_decay: float = Field(default=0.0, ge=0, le=10, **Finite)
-    betas: tuple[float, float] = (0.9, 0.95)
-    grad_clip: float = Field(default=1.0, ge=0, **Finite)
-    warmup_steps: int = Field(default=0, ge=0)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
+    grad_clip: float = Field(default=1.0, ge=0, le=1e6, **Finite)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_COUNT)
     warmdown_frac: float = Field(default=0.2, ge=0, le=1, **Finite)  # nanochat: last 20% decays
     decay: Literal["linear", "cosine"] = "linear"
-    seed: int = Field(default=1337, ge=0)
-    val_every_steps: int = Field(default=250, ge=0)
-    val_tokens: int = Field(default=0, ge=0)  # 0 = one device batch per rank
-    patience_evals: int = Field(default=0, ge=0)  # early stop after N evals without improvement; 0 = off
+    seed: int = Field(default=1337, ge=0, le=2**63 - 1)   # torch.manual_seed takes 64 bits
+    val_every_steps: int = Field(default=250, ge=0, le=MAX_COUNT)
+    val_tokens: int = Field(default=0, ge=0, le=MAX_COUNT)  # 0 = one device batch per rank
+    patience_evals: int = Field(default=0, ge=0, le=MAX_COUNT)  # early stop after N evals without improvement; 0 = off
 
 
 class PlanRequest(_Strict):
@@ -51,7 +56,7 @@ class PlanRequest(_Strict):
     gpu: str
     profile: HardwareProfile
     provider: str | None = None
-    price: float | None = Field(default=None, ge=0, **Finite)
+    price: float | None = Field(default=None, ge=0, le=1e4, **Finite)
     model: ModelSpec
     device_batch_size: int | None = Field(default=None, gt=0, le=1_000_000)
     total_batch_tokens: int = Field(default=524_288, gt=0, le=10**12)
@@ -59,12 +64,12 @@ class PlanRequest(_Strict):
     optimizer: Optimizer = "adamw"
     strategy: Strategy = "ddp"
     activation_checkpointing: bool = False
-    loss_chunk_tokens: int = Field(default=4096, ge=0)
+    loss_chunk_tokens: int = Field(default=4096, ge=0, le=MAX_COUNT)
     compile: bool = True
     budget_usd: float | None = Field(default=None, gt=0, le=1e12, **Finite)
     hours: float | None = Field(default=None, gt=0, le=1e6, **Finite)
     steps: int | None = Field(default=None, gt=0, le=10**12)
-    dataset_tokens: int | None = Field(default=None, gt=0)
+    dataset_tokens: int | None = Field(default=None, gt=0, le=MAX_COUNT)
     max_epochs: float | None = Field(default=None, gt=0, le=1e6, **Finite)  # stop early at this many epochs
     data_dir: str | None = None
     checkpoint_every_minutes: float = Field(default=60.0, gt=0, le=1e6, **Finite)
@@ -98,7 +103,7 @@ class HardwarePlan(_Strict):
 class ModelPlan(_Strict):
     name: str
     n_params: int = Field(gt=0)
-    params_by_group: dict[str, int]
+    params_by_group: dict[str, NonNegInt]
     matmul_params: int = Field(gt=0)
     flops_per_token: int = Field(gt=0)
 
@@ -123,9 +128,9 @@ class MemoryPlan(_Strict):
     headroom: float = Field(ge=0, lt=1, **Finite)
     fits: bool
     peak_phase: str
-    breakdown: dict[str, int]
-    overhead: dict[str, int]
-    phases: dict[str, int]
+    breakdown: dict[str, NonNegInt]
+    overhead: dict[str, NonNegInt]
+    phases: dict[str, NonNegInt]
 
 
 class ThroughputPlan(_Strict):
@@ -151,8 +156,8 @@ class SchedulePlan(_Strict):
     tokens_per_step: int = Field(gt=0)
     total_tokens: int = Field(gt=0)
     tokens_per_param: float = Field(ge=0, **Finite)
-    dataset_tokens: int | None = None
-    epochs: float | None = Field(default=None, **Finite)
+    dataset_tokens: int | None = Field(default=None, gt=0)
+    epochs: float | None = Field(default=None, ge=0, **Finite)
     checkpoint_every_minutes: float = Field(gt=0, **Finite)
     checkpoint_every_steps: int = Field(gt=0)
     num_checkpoints: int = Field(ge=1)
@@ -219,6 +224,9 @@ def load_plan(path: str | Path) -> Plan:
         raise PlanError(str(p), "is not UTF-8 text", "regenerate it with nanoplan estimate --out") from None
     except json.JSONDecodeError as e:
         raise PlanError(str(p), f"is not valid JSON ({e.msg} at line {e.lineno})",
+                        "regenerate it with nanoplan estimate --out") from None
+    except (ValueError, RecursionError) as e:   # a 5000-digit number; nesting deeper than Python's stack
+        raise PlanError(str(p), f"is not a plan ({str(e).split(';')[0][:120]})",
                         "regenerate it with nanoplan estimate --out") from None
     if not isinstance(data, dict):
         raise PlanError(str(p), "must hold a JSON object", "regenerate it with nanoplan estimate --out")

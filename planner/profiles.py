@@ -20,13 +20,19 @@ SOURCED_FIELDS = (
     "inter_node_gb_s", "default_mfu",
 )
 
-Pos = Field(gt=0, allow_inf_nan=False)
+Pos = Field(gt=0, allow_inf_nan=False, strict=True)
+# Upper bounds far beyond any real device: absurd figures give a one-line error, not an overflow.
+MAX_BYTES = 10**15                       # 1 PB per GPU
+MAX_TFLOPS = 1e6                         # 1 EFLOP/s per GPU
+MAX_GB_S = 1e6                           # 1 PB/s per link
+Tflops = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
+GbS = Field(gt=0, le=MAX_GB_S, allow_inf_nan=False, strict=True)
 
 
 class Price(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     provider: str = Field(min_length=1)
-    usd_per_gpu_hour: float = Field(ge=0, allow_inf_nan=False)
+    usd_per_gpu_hour: float = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
     date: str = Field(min_length=4)
     source: str = Field(min_length=3)
 
@@ -35,17 +41,17 @@ class MfuPoint(BaseModel):
     """A calibrated MFU at a model size (written by `nanoplan calibrate`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    n_params: int = Field(gt=0)
-    mfu: float = Field(gt=0, le=1, allow_inf_nan=False)
+    n_params: int = Field(gt=0, le=MAX_BYTES)
+    mfu: float = Field(gt=0, le=1, allow_inf_nan=False, strict=True)
 
 
 class Overheads(BaseModel):
     """Fixed memory overheads per GPU. Defaults are assumptions until calibrated on a GPU."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    cuda_context_bytes: int = Field(default=536_870_912, ge=0)   # 512 MiB: assumption
-    nccl_bytes: int = Field(default=268_435_456, ge=0)           # 256 MiB with >1 GPU: assumption
-    fragmentation: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False)  # of the peak: assumption
+    cuda_context_bytes: int = Field(default=536_870_912, ge=0, le=MAX_BYTES)   # 512 MiB: assumption
+    nccl_bytes: int = Field(default=268_435_456, ge=0, le=MAX_BYTES)           # 256 MiB with >1 GPU: assumption
+    fragmentation: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False, strict=True)  # of the peak: assumption
     source: str = "assumption: typical CUDA 12 context and NCCL buffers; calibrate with nanoplan calibrate"
 
 
@@ -57,17 +63,17 @@ class HardwareProfile(BaseModel):
     description: str = ""
     aliases: list[str] = []
     kind: Literal["gpu", "cpu"] = "gpu"
-    memory_gb: float = Pos
-    usable_bytes: int = Field(gt=0)
-    hbm_tb_s: float = Pos
-    bf16_tflops: float = Pos
-    fp8_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    tf32_tflops: float = Pos
-    fp32_tflops: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    intra_node_gb_s: float = Pos
-    inter_node_gb_s: float = Pos
+    memory_gb: float = Field(gt=0, le=MAX_BYTES / 1e9, allow_inf_nan=False, strict=True)
+    usable_bytes: int = Field(gt=0, le=MAX_BYTES)
+    hbm_tb_s: float = Field(gt=0, le=MAX_GB_S / 1e3, allow_inf_nan=False, strict=True)
+    bf16_tflops: float = Tflops
+    fp8_tflops: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
+    tf32_tflops: float = Tflops
+    fp32_tflops: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
+    intra_node_gb_s: float = GbS
+    inter_node_gb_s: float = GbS
     gpus_per_node: int = Field(gt=0, le=1024)
-    default_mfu: float = Field(gt=0, le=1, allow_inf_nan=False)
+    default_mfu: float = Field(gt=0, le=1, allow_inf_nan=False, strict=True)
     mfu_curve: list[MfuPoint] = []
     overheads: Overheads = Overheads()
     default_provider: str
@@ -123,7 +129,7 @@ class Hardware(BaseModel):
     nodes: int = Field(gt=0)
     gpus_per_node: int = Field(gt=0)
     provider: str
-    usd_per_gpu_hour: float = Field(ge=0, allow_inf_nan=False)
+    usd_per_gpu_hour: float = Field(ge=0, allow_inf_nan=False, strict=True)
     price_date: str
     price_source: str
 
@@ -136,7 +142,12 @@ def _load_yaml_profile(text: str, origin: str) -> HardwareProfile:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise PlanError(origin, f"not valid YAML: {str(e).splitlines()[0]}", "fix the syntax") from None
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        what = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise PlanError(origin, f"not valid YAML{where}: {what}", "fix the syntax; tags such as !!python/... are refused") from None
+    except RecursionError:
+        raise PlanError(origin, "not valid YAML: nested too deeply", "fix the syntax") from None
     if not isinstance(data, dict):
         raise PlanError(origin, "a profile must be a YAML mapping of fields", "see hardware_profiles/H100-SXM.yaml")
     try:

@@ -43,7 +43,7 @@ class ModelSpec(BaseModel):
     tied: bool = False
     bias: bool = False
     qk_norm: bool = False
-    logit_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    logit_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelSpec:

@@ -15,8 +15,11 @@ checkpoint intact.
 Fault injection (for reliability tests): NANOPLAN_FAULT=after_model|after_optim|after_rng|
 before_meta|after_meta makes the process os._exit(137) at that point of the N-th checkpoint
 write of this process (NANOPLAN_FAULT_AT=N, default 1) on rank NANOPLAN_FAULT_RANK (default 0).
-NANOPLAN_FAULT=step:K exits after optimizer step K. Faults fire only in the first launch
-(TORCHELASTIC_RESTART_COUNT unset or 0), so torchrun's restart can resume.
+NANOPLAN_FAULT=step:K exits after optimizer step K. NANOPLAN_FAULT=enospc|eio makes the
+torch.save of that rank's rng file in the N-th write raise OSError(ENOSPC|EIO) part-way (a full
+or failing disk): the write is abandoned on every rank, the partial step directory removed, and
+CheckpointWriteError raised. Faults fire only in the first launch (TORCHELASTIC_RESTART_COUNT
+unset or 0), so torchrun's restart can resume.
 
 torch is imported inside the functions that need it; listing, verifying and reading metas
 is plain Python (nanoplan run's preflight uses them).
@@ -24,6 +27,7 @@ is plain Python (nanoplan run's preflight uses them).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -34,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.errors import PlanError
 from planner.plan import Plan, atomic_write_text
 
 CKPT_DIR = "checkpoints"
@@ -44,7 +49,9 @@ ENV_FAULT = "NANOPLAN_FAULT"
 ENV_FAULT_AT = "NANOPLAN_FAULT_AT"
 ENV_FAULT_RANK = "NANOPLAN_FAULT_RANK"
 FAULT_POINTS = ("after_model", "after_optim", "after_rng", "before_meta", "after_meta")
+IO_FAULTS = {"enospc": errno.ENOSPC, "eio": errno.EIO}
 FAULT_EXIT = 137
+SHARDED_MODEL = "dcp/model/.metadata"   # zero2/fsdp checkpoints: DCP shards instead of model.pt (runner/dcp.py)
 _HASH_CHUNK = 1 << 22
 
 
@@ -97,6 +104,7 @@ class Faults:
     at: int = 1
     rank: int = 0
     crash_step: int | None = None
+    io_errno: int | None = None
 
     @classmethod
     def from_env(cls) -> Faults:
@@ -107,13 +115,21 @@ class Faults:
         rank = int(os.environ.get(ENV_FAULT_RANK, "0") or 0)
         if raw.startswith("step:"):
             return cls(crash_step=int(raw[5:]), rank=rank)
+        if raw in IO_FAULTS:
+            return cls(point=raw, at=at, rank=rank, io_errno=IO_FAULTS[raw])
         if raw not in FAULT_POINTS:
-            raise ValueError(f"{ENV_FAULT}={raw!r}: use one of {', '.join(FAULT_POINTS)} or step:K")
+            raise ValueError(f"{ENV_FAULT}={raw!r}: use one of {', '.join(FAULT_POINTS + tuple(IO_FAULTS))} or step:K")
         return cls(point=raw, at=at, rank=rank)
 
     def fire(self, point: str, rank: int, nth_write: int) -> None:
         if self.point == point and rank == self.rank and nth_write == self.at:
             os._exit(FAULT_EXIT)
+
+    def io_error(self, rank: int, nth_write: int) -> int | None:
+        """The errno to inject into this rank's rng-file write, or None."""
+        if self.io_errno is not None and rank == self.rank and nth_write == self.at:
+            return self.io_errno
+        return None
 
     def after_step(self, step: int, rank: int) -> None:
         if self.crash_step is not None and step == self.crash_step and rank == self.rank:
@@ -136,39 +152,58 @@ def fsync_dir(path: Path) -> None:
 
 
 class _HashingWriter:
-    """A write-only file wrapper that hashes what passes through it (so no second read)."""
+    """A write-only file wrapper that hashes what passes through it (so no second read).
 
-    def __init__(self, f: Any) -> None:
+    It keeps the OSError of a failed write: torch.save reports it only as an opaque
+    "enforce fail ... unexpected pos" RuntimeError. `fail_errno` injects one (a test fault).
+    """
+
+    def __init__(self, f: Any, fail_errno: int | None = None) -> None:
         self.f = f
         self.sha = hashlib.sha256()
         self.size = 0
+        self.error: OSError | None = None
+        self.fail_errno = fail_errno
 
     def write(self, b: bytes) -> int:
+        try:
+            if self.fail_errno is not None and self.size > 0:
+                raise OSError(self.fail_errno, os.strerror(self.fail_errno), getattr(self.f, "name", None))
+            n = self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
         self.sha.update(b)
         self.size += len(b)
-        return self.f.write(b)
+        return n
 
     def flush(self) -> None:
         self.f.flush()
 
 
-def save_torch_atomic(obj: Any, path: Path) -> dict[str, Any]:
-    """torch.save to a temp file, fsync, rename. Returns {"sha256", "bytes"}."""
+def save_torch_atomic(obj: Any, path: Path, *, fail_errno: int | None = None) -> dict[str, Any]:
+    """torch.save to a temp file, fsync, rename. Returns {"sha256", "bytes"}.
+
+    A failed write (disk full, I/O error) raises the OSError itself and leaves no temp file.
+    """
     import torch
 
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    w: _HashingWriter | None = None
     try:
         umask = os.umask(0)
         os.umask(umask)
         os.fchmod(fd, 0o666 & ~umask)  # mkstemp makes 0600; give the file normal permissions
         with os.fdopen(fd, "wb") as f:
-            w = _HashingWriter(f)
+            w = _HashingWriter(f, fail_errno)
             torch.save(obj, w)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
+        if w is not None and w.error is not None and not isinstance(e, OSError):
+            raise w.error from None
         raise
     return {"sha256": w.sha.hexdigest(), "bytes": w.size}
 
@@ -196,8 +231,8 @@ def verify(path: Path) -> tuple[bool, str]:
     if meta is None:
         return False, "no readable meta.json (the write did not finish)"
     files = meta.get("files")
-    if not isinstance(files, dict) or "model.pt" not in files:
-        return False, "meta.json lists no model.pt"
+    if not isinstance(files, dict) or not ({"model.pt", SHARDED_MODEL} & set(files)):
+        return False, "meta.json lists no model.pt (nor DCP model shards)"
     for name, info in files.items():
         f = path / name
         if not f.is_file():
@@ -279,9 +314,30 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def load_torch(path: Path, map_location: Any = "cpu") -> Any:
+    """torch.load(weights_only=True): tensors and plain containers only, never a pickled object.
+
+    A file that torch refuses (a pickle payload, a file that is not a torch checkpoint) raises
+    a one-line PlanError naming the file; nothing in it is executed.
+    """
+    import pickle
+    import warnings
+
     import torch
 
-    return torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")       # e.g. "Detected pickle protocol 4" on foreign files
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure to load an untrusted file is the same refusal
+        boiler = ("Weights only load failed", "Please file an issue", "Check the documentation")
+        lines = [x.split("WeightsUnpickler error:")[-1].strip() for x in str(e).splitlines()]
+        why = next((x for x in lines if x and not x.startswith(boiler)), "")[:200]
+        if not isinstance(e, (pickle.UnpicklingError, OSError)):
+            why = f"{type(e).__name__}: {why}" if why else type(e).__name__
+        kind = ("holds pickled objects, not just tensors" if isinstance(e, pickle.UnpicklingError)
+                else "cannot be read" if isinstance(e, OSError) else "is not a torch checkpoint")
+        raise PlanError(str(path), f"refused by torch.load(weights_only=True): it {kind} ({why})",
+                        "it is not a nanoplan checkpoint; move it out of the run dir, or use another --run-dir") from None
 
 
 # ---------------------------------------------------------------- retention and best.json
@@ -307,20 +363,42 @@ def update_best(run_dir: str | Path, step: int, val_loss: float | None) -> bool:
     return True
 
 
+def best_by_meta(run_dir: str | Path) -> int | None:
+    """The complete checkpoint with the lowest val_loss in its meta.json (None without any)."""
+    scored = []
+    for s in complete_steps(run_dir):
+        v = (read_meta(step_dir(run_dir, s)) or {}).get("val_loss")
+        if isinstance(v, (int, float)) and v == v:
+            scored.append((v, s))
+    return min(scored)[1] if scored else None
+
+
 def retain(run_dir: str | Path, keep_last: int) -> list[int]:
     """Delete old checkpoints: keep the last `keep_last` complete ones and the best. Returns deleted steps.
 
     Incomplete directories older than the newest complete checkpoint are debris of killed
-    writes and are removed too. The newest complete checkpoint is never deleted.
+    writes and are removed too. The newest complete checkpoint is never deleted. The best is
+    the one best.json names and also the lowest val_loss among the metas (best.json may be
+    stale). The only good checkpoint is never deleted: before deleting a complete one, a kept
+    one must verify (checksums; normally the newest, just written); if none does, the newest
+    older one that verifies is kept as well.
     """
     done = complete_steps(run_dir)
     if not done:
         return []
     keep = set(done[-max(1, keep_last):])
     best = read_best(run_dir)
-    if best is not None:
+    if best is not None and str(best.get("step", "")).isdigit():
         keep.add(int(best["step"]))
+    by_meta = best_by_meta(run_dir)
+    if by_meta is not None:
+        keep.add(by_meta)
     newest = done[-1]
+    doomed = [s for s in list_steps(run_dir) if s not in keep and s < newest]
+    if any(s in done for s in doomed) and not any(verify(step_dir(run_dir, s))[0] for s in sorted(keep, reverse=True)):
+        good = next((s for s in reversed(doomed) if s in done and verify(step_dir(run_dir, s))[0]), None)
+        if good is not None:
+            keep.add(good)
     deleted = []
     for s in list_steps(run_dir):
         if s in keep or s >= newest:
@@ -340,45 +418,98 @@ def _dist() -> Any:
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (disk full, I/O error, unwritable). Raised on every rank;
+    the partial step directory is removed and older checkpoints are untouched."""
+
+
+def _io_line(e: BaseException, rank: int) -> str:
+    if isinstance(e, OSError) and e.errno:
+        where = f" ({Path(e.filename).name})" if e.filename else ""
+        return f"rank {rank}: {os.strerror(e.errno)} [errno {errno.errorcode.get(e.errno, e.errno)}]{where}"
+    return f"rank {rank}: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+
+
+def _first_error(dist: Any, error: str | None, world_size: int) -> str | None:
+    """Every rank learns the first rank's error (a collective, so it is also a barrier)."""
+    if dist is None:
+        return error
+    gathered: list[Any] = [None] * world_size
+    dist.all_gather_object(gathered, error)
+    return next((g for g in gathered if g), None)
+
+
 def save_checkpoint(run_dir: str | Path, step: int, *, rank: int, world_size: int,
                     model_state: Callable[[], dict[str, Any]], optim_state: Callable[[], dict[str, Any]],
                     meta: dict[str, Any] | Callable[[], dict[str, Any]], faults: Faults | None = None, nth_write: int = 1,
-                    slow_write: Callable[[], None] | None = None, sharded_optimizer: bool = False) -> Path:
+                    slow_write: Callable[[], None] | None = None, sharded_optimizer: bool = False,
+                    shards: Callable[[Path], dict[str, dict[str, Any]]] | None = None) -> Path:
     """Write one checkpoint from every rank (a collective: all ranks must call it). Meta last.
 
     `model_state` / `optim_state` are called only on the ranks that write them, so other
     ranks never materialise a copy. `meta` may be a callable, evaluated on rank 0 just
-    before meta.json is written (so its elapsed time includes the write).
+    before meta.json is written (so its elapsed time includes the write). `shards` (zero2/fsdp)
+    is called on every rank instead of writing model.pt: it writes that rank's DCP shards and
+    returns their {name: {sha256, bytes}} (runner/dcp.py).
+
+    An OSError on any rank (disk full, I/O error) abandons the write on every rank: rank 0
+    removes the partial step directory, and all ranks raise CheckpointWriteError.
     """
     faults = faults or Faults()
     dist = _dist()
     path = step_dir(run_dir, step)
+
+    def abandon(error: str) -> CheckpointWriteError:
+        if rank == 0 and not existed:
+            shutil.rmtree(path, ignore_errors=True)
+        return CheckpointWriteError(f"checkpoint {path.name} could not be written: {error}")
+
+    error: str | None = None
+    existed = (path / META).exists()   # never remove a complete checkpoint that was already there
     if rank == 0:
-        prepare_dir(path)
-    if dist is not None:
-        dist.barrier()
+        try:
+            prepare_dir(path)
+        except OSError as e:
+            error = _io_line(e, rank)
+    error = _first_error(dist, error, world_size)
+    if error:
+        raise abandon(error)
     files: dict[str, dict[str, Any]] = {}
-    if rank == 0:
-        files["model.pt"] = save_torch_atomic(model_state(), path / "model.pt")
+    try:
+        if shards is not None:      # zero2/fsdp: every rank writes its DCP shards (collective), not model.pt
+            files.update(shards(path))
+        elif rank == 0:
+            files["model.pt"] = save_torch_atomic(model_state(), path / "model.pt")
         faults.fire("after_model", rank, nth_write)
-    if rank == 0 or sharded_optimizer:
-        files[f"optim_rank{rank}.pt"] = save_torch_atomic(optim_state(), path / f"optim_rank{rank}.pt")
-    faults.fire("after_optim", rank, nth_write)
-    files[f"rng_rank{rank}.pt"] = save_torch_atomic(rng_state(), path / f"rng_rank{rank}.pt")
-    faults.fire("after_rng", rank, nth_write)
-    fsync_dir(path)
-    if slow_write is not None:
+        if rank == 0 or sharded_optimizer:
+            files[f"optim_rank{rank}.pt"] = save_torch_atomic(optim_state(), path / f"optim_rank{rank}.pt")
+        faults.fire("after_optim", rank, nth_write)
+        files[f"rng_rank{rank}.pt"] = save_torch_atomic(rng_state(), path / f"rng_rank{rank}.pt",
+                                                        fail_errno=faults.io_error(rank, nth_write))
+        faults.fire("after_rng", rank, nth_write)
+        fsync_dir(path)
+    except OSError as e:
+        error = _io_line(e, rank)
+    if slow_write is not None and error is None:
         slow_write()
     if dist is not None:
         gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, files)
-        files = {k: v for part in gathered for k, v in part.items()}
+        dist.all_gather_object(gathered, (files, error))
+        files = {k: v for part, _ in gathered for k, v in part.items()}
+        error = next((err for _, err in gathered if err), None)
+    if error:
+        raise abandon(error)
     faults.fire("before_meta", rank, nth_write)
     if rank == 0:
         fields = meta() if callable(meta) else meta
-        write_meta(path, {**fields, "format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
-                          "files": dict(sorted(files.items()))})
+        try:
+            write_meta(path, {**fields, "format_version": FORMAT_VERSION, "step": step, "world_size": world_size,
+                              "files": dict(sorted(files.items()))})
+        except OSError as e:
+            (path / META).unlink(missing_ok=True)
+            error = _io_line(e, rank)
     faults.fire("after_meta", rank, nth_write)
-    if dist is not None:
-        dist.barrier()
+    error = _first_error(dist, error, world_size)    # also the barrier: meta.json is on disk for everyone
+    if error:
+        raise abandon(error)
     return path

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,29 @@ def launch_env(plan: Plan, base: dict[str, str] | None = None) -> dict[str, str]
     return env
 
 
+def wait_gone(pids: list[int], timeout_s: float) -> None:
+    """Wait until none of `pids` is alive (or timeout_s passes)."""
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end and any(_alive(pid) for pid in pids):
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie that a container's init never reaps."""
+    if Path("/proc/self").exists():
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def child_pids(pid: int) -> list[int]:
     """Direct children of `pid` (Linux /proc), empty where unavailable."""
     out: list[int] = []
@@ -76,11 +100,31 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+ENV_STATUS = "NANOPLAN_STATUS_FILE"   # runner.train.report_exit writes {"exit_code", "error"} there
+
+
 def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path) -> int:
-    """Run torchrun to completion; forward the first SIGTERM/SIGINT to its workers. Returns the exit code."""
+    """Run torchrun to completion; forward the first SIGTERM/SIGINT to its workers. Returns the exit code.
+
+    Workers that stop on purpose with an error (bad input, NaN loss, failed checkpoint write)
+    exit 0, so that torchrun neither restarts them nor prints a traceback, and leave their real
+    exit code in the status file; that code is returned here.
+    """
+    fd, status = tempfile.mkstemp(prefix="nanoplan-status-", suffix=".json")
+    os.close(fd)
+    try:
+        rc = _run_torchrun(cmd, {**env, ENV_STATUS: status}, run_dir)
+        if rc == 0:
+            rc = int((read_json(Path(status)) or {}).get("exit_code") or 0)
+        return rc
+    finally:
+        Path(status).unlink(missing_ok=True)
+
+
+def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path) -> int:
     started = time.time()
     proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    state: dict[str, Any] = {"signalled": 0}
+    state: dict[str, Any] = {"signalled": 0, "workers": []}
 
     def forward(signum: int, frame: Any) -> None:
         state["signalled"] += 1
@@ -88,7 +132,7 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path) -> in
             print("nanoplan run: already stopping, waiting for the checkpoint "
                   f"(kill -9 {proc.pid} to abort)", file=sys.stderr, flush=True)
             return
-        workers = child_pids(proc.pid)
+        workers = state["workers"] = child_pids(proc.pid)
         print(f"nanoplan run: got {signal.Signals(signum).name}; asking {len(workers) or 'the'} worker(s) "
               "to finish the step and checkpoint", file=sys.stderr, flush=True)
         targets = workers or [proc.pid]
@@ -109,6 +153,10 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path) -> in
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+    if state["signalled"]:
+        # torchrun's agent can die of repeated signals while its workers still write the final
+        # checkpoint (they are not killed): wait for them before reading stop.json.
+        wait_gone(state["workers"], float(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_MIN_S)))
     if rc != 0 and state["signalled"]:
         stop = read_json(Path(run_dir) / STOP)
         stop_file = Path(run_dir) / STOP

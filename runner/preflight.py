@@ -15,7 +15,7 @@ from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
 from planner.plan import Plan
 from planner.units import fmt_bytes
-from runner.checkpoint import complete_steps, plan_hash, read_meta, step_dir
+from runner.checkpoint import BEST, CKPT_DIR, complete_steps, plan_hash, read_meta, step_dir
 
 
 @dataclass
@@ -57,7 +57,7 @@ def check_data(plan: Plan, data_dir: Path) -> DataMeta:
     return meta
 
 
-SUPPORTED_STRATEGIES = ("ddp",)
+SUPPORTED_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
 
 
 def check_supported(plan: Plan) -> str | None:
@@ -89,6 +89,45 @@ def _existing_parent(p: Path) -> Path:
     return p
 
 
+# What the runner writes (or deletes) directly under RUN_DIR; checkpoints/ holds step_* directories.
+RUN_DIR_ENTRIES = (CKPT_DIR, "metrics.jsonl", "run_info.json", "stop.json", BEST, "tensorboard")
+
+
+def check_plan_run_dir(raw: str) -> str | None:
+    """Problem with a run dir taken from a plan file (not from --run-dir), or None.
+
+    A plan may be someone else's file, so the directory it names must be relative and free of
+    '..': it lands under the current directory. Any other place must be asked for on the
+    command line with --run-dir.
+    """
+    p = Path(raw)
+    if not raw.strip() or p.is_absolute() or ".." in p.parts or raw.startswith("~"):
+        return (f"is {raw!r}; a plan file may only name a run dir inside the current directory "
+                "(relative, without '..')")
+    return None
+
+
+def check_run_dir_contained(run_dir: Path) -> str | None:
+    """A path the runner writes or deletes in RUN_DIR that resolves outside it (a symlink), or None.
+
+    RUN_DIR itself may be a symlink (it is resolved first); checkpoints/, metrics.jsonl,
+    run_info.json, stop.json, best.json, tensorboard/ and every entry of checkpoints/ (and of
+    checkpoints/.damaged/) must resolve inside it, so that retention and writes cannot reach
+    files elsewhere.
+    """
+    if not run_dir.is_dir():
+        return None
+    root = run_dir.resolve()
+    paths = [run_dir / n for n in RUN_DIR_ENTRIES]
+    for sub in (run_dir / CKPT_DIR, run_dir / CKPT_DIR / ".damaged"):
+        if sub.is_dir() and not sub.is_symlink():
+            paths += sorted(sub.iterdir())
+    for p in paths:
+        if (p.is_symlink() or p.exists()) and not p.resolve().is_relative_to(root):
+            return f"{p} is a link to {p.resolve()}, outside the run dir {root}; the runner only writes inside its run dir"
+    return None
+
+
 def check_run_dir(run_dir: Path, storage_bytes: int) -> list[str]:
     out = []
     parent = _existing_parent(run_dir)
@@ -97,8 +136,17 @@ def check_run_dir(run_dir: Path, storage_bytes: int) -> list[str]:
         out.append(f"free disk at {parent} is {fmt_bytes(free)}, the plan's checkpoints need {fmt_bytes(storage_bytes)}; "
                    "free space, lower --keep-last or pick another --run-dir")
     if not run_dir.exists():
-        if not os.access(parent, os.W_OK):
-            out.append(f"run dir {run_dir} cannot be created ({parent} is not writable); pick another --run-dir")
+        if not parent.is_dir():
+            out.append(f"run dir {run_dir} cannot be created: {parent} is not a directory; pick another --run-dir")
+            return out
+        try:   # a real probe: os.access says yes to root on read-only mounts and root-owned 0555 dirs
+            os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".nanoplan-write-test."))
+        except OSError as e:
+            out.append(f"run dir {run_dir} cannot be created ({parent} is not writable: {e.strerror}); "
+                       "pick another --run-dir")
+        return out
+    if not run_dir.is_dir():
+        out.append(f"run dir {run_dir} is not a directory; pick another --run-dir")
         return out
     try:
         with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test."):
@@ -166,6 +214,9 @@ def run_preflight(plan: Plan, plan_path: str | Path, run_dir: Path, data_overrid
     pf.problems += probs
     pf.notes += notes
     pf.problems += check_run_dir(run_dir, plan.schedule.storage_bytes)
+    escape = check_run_dir_contained(run_dir)
+    if escape:
+        pf.problems.append(escape)
     try:
         check_data(plan, resolve_data_dir(plan, data_override, plan_path))
     except PlanError as e:

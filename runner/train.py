@@ -27,7 +27,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
 
 from planner.errors import PlanError
 from planner.plan import Plan, load_plan
@@ -37,10 +36,11 @@ from runner.data import TrainBatches, ValBatches, load_data
 from runner.display import Display
 from runner.metrics import STOP, MetricsLog, mfu, read_metrics, update_run_info, write_json
 from runner.model import GPT
-from runner.preflight import check_data, check_supported, resolve_data_dir
+from runner.parallel import full_value, parallelize
+from runner.preflight import check_data, check_run_dir_contained, check_supported, resolve_data_dir
 from runner.step import autocast, build_optimizer, train_step
 
-EXIT_OK, EXIT_USAGE, EXIT_NAN = 0, 2, 3
+EXIT_OK, EXIT_USAGE, EXIT_NAN, EXIT_WRITE = 0, 2, 3, 4
 
 
 def lr_multiplier(step: int, total: int, warmup: int, warmdown_frac: float, decay: str) -> float:
@@ -247,13 +247,25 @@ class Trainer:
         self.val_every = hyper.val_every_steps if self.val.enabled else 0
         if hyper.val_every_steps and not self.val.enabled:
             self.log(f"warning: {data_dir}/val.bin is too small for one window; validation is off")
+        escape = check_run_dir_contained(self.run_dir)
+        if escape:
+            raise PlanError("--run-dir", escape, "remove the link, or pass the real directory as --run-dir")
         if d.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
 
         torch.manual_seed(hyper.seed)
         if self.device_type == "cuda":
             torch.set_float32_matmul_precision("high")   # TF32 for any fp32 matmul left outside autocast
-        self.raw = build_model(plan, d.device)
+        self.compiled = bool(tr.compile)
+        # the model, wrapped for the plan's strategy (runner/parallel.py: ddp, zero1, zero2, fsdp)
+        self.par = parallelize(
+            tr.strategy, d.world_size, d.device, precision=tr.precision, compile=self.compiled,
+            build_model=lambda: build_model(plan, d.device), init=lambda m: m.init_weights(hyper.seed),
+            make_meta=lambda: GPT(plan.request.model, loss_chunk_tokens=tr.loss_chunk_tokens,
+                                  activation_checkpointing=tr.activation_checkpointing),
+            build_optimizer=lambda m: build_optimizer(m, tr.optimizer, hyper.lr, hyper.matrix_lr, hyper.weight_decay,
+                                                      tuple(hyper.betas), self.device_type))
+        self.raw, self.fwd, self.model, self.opt = self.par.raw, self.par.fwd, self.par.model, self.par.opt
         decision = _bcast(_decide_resume(plan, self.phash, self.run_dir, self.args.resume, self.args.force, self.log)
                           if d.is_main else None, d)
         if "error" in decision:
@@ -262,14 +274,12 @@ class Trainer:
         self.resume_meta: dict[str, Any] = decision.get("meta") or {}
         ckdir = ck.step_dir(self.run_dir, self.start_step) if decision["step"] is not None else None
         if ckdir is not None:
-            self.raw.load_state_dict(ck.load_torch(ckdir / "model.pt", d.device))
-
-        self.compiled = bool(tr.compile)
-        self.fwd: nn.Module = torch.compile(self.raw) if self.compiled else self.raw
-        self.model: nn.Module = (DDP(self.fwd, device_ids=[d.local_rank] if self.device_type == "cuda" else None,
-                                     gradient_as_bucket_view=True) if d.on else self.fwd)
-        self.opt = build_optimizer(self.raw, tr.optimizer, hyper.lr, hyper.matrix_lr, hyper.weight_decay,
-                                   tuple(hyper.betas), self.device_type)
+            self.par.check_format(ckdir)
+            try:
+                self.par.load_model(ckdir, d.device)
+            except (RuntimeError, KeyError, TypeError, ValueError) as e:
+                raise PlanError(str(ckdir / "model.pt"), f"does not fit this plan's model ({_first_line(e)})",
+                                "it is not this plan's checkpoint; use another --run-dir") from None
 
         def mult(s: int) -> float:
             return lr_multiplier(s, self.total_steps, hyper.warmup_steps, hyper.warmdown_frac, hyper.decay)
@@ -277,9 +287,13 @@ class Trainer:
         self.scheds = [torch.optim.lr_scheduler.LambdaLR(o, mult) for o in self.opt.optimizers]
         if ckdir is not None:
             ostate = ck.load_torch(ckdir / "optim_rank0.pt", d.device)
-            self.opt.load_state_dict(ostate["optimizer"])
-            for s, st in zip(self.scheds, ostate["schedulers"], strict=True):
-                s.load_state_dict(st)
+            try:
+                self.par.load_optimizer(ckdir, ostate)
+                for s, st in zip(self.scheds, ostate["schedulers"], strict=True):
+                    s.load_state_dict(st)
+            except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+                raise PlanError(str(ckdir / "optim_rank0.pt"), f"does not fit this plan's optimizer ({_first_line(e)})",
+                                "it is not this plan's checkpoint; use another --run-dir") from None
             rng = ckdir / f"rng_rank{d.rank}.pt"
             if rng.exists():
                 ck.set_rng_state(ck.load_torch(rng))
@@ -350,13 +364,13 @@ class Trainer:
         if self.val_every and (self.last_val is None or self.last_val[0] != step):
             self.last_val = (step, self.evaluate())
         val = self.last_val[1] if self.last_val and self.last_val[0] == step else None
-        kind, mine = replica_fingerprint(self.raw)
+        kind, mine = self.par.fingerprint() or replica_fingerprint(self.raw)   # "shards" under zero2/fsdp
         prints = [mine]
         if self.d.on:
             prints = [None] * self.d.world_size
             dist.all_gather_object(prints, mine)
-        agree = len(set(prints)) == 1
-        if not agree:
+        agree = len(set(prints)) == 1 if kind != "shards" else None   # sharded ranks hold different bytes
+        if agree is False:
             self.log(f"warning: the {self.d.world_size} replicas' parameters differ at step {step}: {prints}")
         self.nth_write += 1
         t0 = self.clock.budget()
@@ -378,16 +392,18 @@ class Trainer:
                 "torch_version": torch.__version__,
             }
 
+        self.par.before_checkpoint()   # zero1: gather the optimizer state on rank 0 (collective)
         path = ck.save_checkpoint(
             self.run_dir, step, rank=self.d.rank, world_size=self.d.world_size,
             model_state=self.raw.state_dict, optim_state=lambda: {
-                "optimizer": self.opt.state_dict(), "schedulers": [s.state_dict() for s in self.scheds]},
+                **self.par.optimizer_file_state(), "schedulers": [s.state_dict() for s in self.scheds]},
+            shards=self.par.write_shards if self.par.sharded_checkpoint else None,
             meta=meta, faults=self.faults, nth_write=self.nth_write, slow_write=self.clock.simulate_slow_write,
         )
-        self.guard.observe_checkpoint(self.clock.budget() - t0)
         if self.d.is_main:
             ck.update_best(self.run_dir, step, val)
             ck.retain(self.run_dir, self.plan.schedule.keep_last)
+        self.guard.observe_checkpoint(self.clock.budget() - t0)   # retention (it verifies) is part of the cost
         self.last_ckpt_total = self.total_s()
         self.last_ckpt_step = step
         return path
@@ -431,6 +447,7 @@ class Trainer:
                 lr = self.opt.param_groups[0]["lr"]
                 loss_t, gnorm_t = train_step(self.model, self.opt, self.train.micro_batches(step), self.accum,
                                              self.precision, self.device_type, hyper.grad_clip)
+                gnorm_t = full_value(gnorm_t)   # a DTensor under zero2/fsdp
                 for s in self.scheds:
                     s.step()
                 step += 1
@@ -472,33 +489,92 @@ class Trainer:
                     reason = "total_steps"
                 elif hyper.patience_evals and self.evals_since_best >= hyper.patience_evals:
                     reason = "patience"
-                elif want_ckpt:
-                    self.checkpoint(step)
+                elif want_ckpt and self._checkpoint_or_stop(step) is None:
+                    reason = "write_error"
                 prev_real, prev_budget = self.clock.real(), self.clock.budget()
             if self.signals.names:
                 self.log(f"got {self.signals.names[0]}: stopping after step {step} with a checkpoint")
             final = None
-            if reason != "nan" and step > self.start_step and self.last_ckpt_step != step:
-                final = self.checkpoint(step)
-            elif reason != "nan" and self.last_ckpt_step == step and step > self.start_step:
+            if reason not in ("nan", "write_error") and step > self.start_step and self.last_ckpt_step != step:
+                final = self._checkpoint_or_stop(step)
+                reason = reason if final is not None else "write_error"
+            elif reason not in ("nan", "write_error") and self.last_ckpt_step == step and step > self.start_step:
                 final = ck.step_dir(self.run_dir, step)
         metrics.close()
         total_h = self.total_s() / 3600.0
+        code = {"nan": EXIT_NAN, "write_error": EXIT_WRITE}.get(str(reason), EXIT_OK)
+        error = None
+        if reason == "nan":
+            error = ("the loss is not finite; stopped without a checkpoint "
+                     "(lower request.hyper.lr in the plan, or check the data)")
+        elif reason == "write_error":
+            good = ck.complete_steps(self.run_dir)
+            kept = f"step_{good[-1]:08d} is the last checkpoint" if good else "there is no checkpoint yet"
+            error = (f"{self.write_error}; stopped at step {step}, {kept} "
+                     "(free disk space or fix the run dir, then run the same command to resume)")
+        self.error = error
         if d.is_main:
-            write_json(self.run_dir / STOP, {
+            record_stop(self.run_dir, {
                 "reason": reason, "step": step, "total_steps": self.total_steps,
                 "checkpoint": str(final) if final else None, "elapsed_hours": total_h,
                 "usd_spent": total_h * self.usd_per_hour, "segment": self.segment,
-                "signals": self.signals.names,
+                "signals": self.signals.names, "exit_code": code, "error": error,
                 "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
             })
             where = f"; checkpoint {final}" if final else ""
             self.log(f"stopped: {reason} at step {step}/{self.total_steps}, {total_h * 60:.2f} min, "
                      f"${total_h * self.usd_per_hour:.2f}{where}")
-            if reason == "nan":
-                print("error: the loss is not finite; stopped without a checkpoint "
-                      "(lower request.hyper.lr in the plan, or check the data)", file=sys.stderr)
-        return EXIT_NAN if reason == "nan" else EXIT_OK
+            if error:
+                print(f"error: {error}", file=sys.stderr, flush=True)
+        return code
+
+    def _checkpoint_or_stop(self, step: int) -> Path | None:
+        """self.checkpoint(step), or None after a failed write (disk full, I/O error): the run then
+        stops, keeping the checkpoints it has; the message is kept for the stop line."""
+        try:
+            return self.checkpoint(step)
+        except ck.CheckpointWriteError as e:
+            self.write_error = str(e)
+            return None
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+
+
+def record_stop(run_dir: Path, data: dict[str, Any]) -> bool:
+    """Write RUN_DIR/stop.json; False when that fails too (a full or broken disk)."""
+    try:
+        write_json(run_dir / STOP, data)
+        return True
+    except OSError:
+        return False
+
+
+ENV_STATUS = "NANOPLAN_STATUS_FILE"
+DELIBERATE = (EXIT_USAGE, EXIT_NAN, EXIT_WRITE)
+
+
+def report_exit(code: int, error: str | None = None) -> int:
+    """The process's exit code.
+
+    When `nanoplan run` launched this worker it sets NANOPLAN_STATUS_FILE (one per node):
+    local rank 0 writes {"exit_code", "error"} there, and a deliberate failure (bad input, a
+    NaN loss, a failed checkpoint write) exits 0. A non-zero exit would make torchrun restart
+    into the same failure (--max-restarts) and print its ChildFailedError report; nanoplan run
+    exits with the recorded code instead. Without the variable (plain torchrun) the code is
+    returned as is.
+    """
+    status = os.environ.get(ENV_STATUS)
+    if not status:
+        return code
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            write_json(Path(status), {"exit_code": code, "error": error})
+        except OSError:
+            return code
+    return EXIT_OK if code in DELIBERATE else code
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -515,14 +591,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     clock = Clock.from_env()
     trainer = None
+    is_main = int(os.environ.get("RANK", "0")) == 0
     try:
         trainer = Trainer(args, clock)
         trainer.setup()
-        return trainer.run()
+        code = trainer.run()
+        return report_exit(code, trainer.error)
     except PlanError as e:
-        if trainer is None or trainer.d.is_main:
-            print(f"error: {e}", file=sys.stderr)
-        return EXIT_USAGE
+        if is_main:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return report_exit(EXIT_USAGE, str(e))
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()

@@ -21,6 +21,7 @@ from planner.cli import compare as _compare  # noqa: E402,F401
 from planner.cli import data as _data  # noqa: E402,F401
 from planner.cli import estimate as _estimate  # noqa: E402,F401
 from planner.cli import export as _export  # noqa: E402,F401
+from planner.cli import export_model as _export_model  # noqa: E402,F401
 from planner.cli import run as _run  # noqa: E402,F401
 from planner.cli import validate as _validate  # noqa: E402,F401
 

@@ -50,6 +50,12 @@ def run(
         raise PlanError("--rdzv-endpoint", f"{nodes} nodes need a rendezvous endpoint", "pass --rdzv-endpoint HOST:PORT")
     if max_restarts < 0:
         raise PlanError("--max-restarts", f"must be >= 0, got {max_restarts}")
+    if run_dir is None:
+        from runner.preflight import check_plan_run_dir  # noqa: PLC0415
+
+        bad = check_plan_run_dir(plan.launch.run_dir)
+        if bad:
+            raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad, f"pass --run-dir {plan.launch.run_dir} to use it anyway")
     rdir = run_dir or plan.launch.run_dir
     cmd = build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                         max_restarts=max_restarts, data=data, resume=resume, force=force)

@@ -1,0 +1,136 @@
+"""Sharded checkpoints with torch.distributed.checkpoint (DCP), and consolidation into one file.
+
+zero2 and fsdp runs keep no whole copy of the model or optimizer on any rank. Their checkpoints
+are written in parallel by every rank, inside the usual step directory (runner/checkpoint.py):
+
+    checkpoints/step_00000040/
+      dcp/model/   .metadata  __0_0.distcp  __1_0.distcp   model state (get_model_state_dict: DTensor
+                                                           shards, named as in the plain GPT)
+      dcp/optim/   .metadata  __0_0.distcp  __1_0.distcp   optimizer state, keyed by parameter name
+      optim_rank0.pt    the LR schedulers' state (rank 0)
+      rng_rank{r}.pt    every rank's RNG state
+      meta.json         written last by rank 0, with the sha256 and size of every file above
+
+After the collective ``dcp.save``, each rank hashes the shard files it wrote (``__{rank}_*``), and
+rank 0 hashes ``.metadata`` and anything else. runner/checkpoint.py gathers the lists into
+meta.json. The atomicity, verification, fallback and retention of DDP checkpoints hold
+unchanged: a step directory counts only once meta.json exists and every checksum verifies.
+
+Loading goes through ``get_state_dict`` / ``set_state_dict``
+(torch.distributed.checkpoint.state_dict). DCP reshards on load, so a checkpoint can be read
+by another number of ranks, or by a plain unsharded model in one process.
+``export_model_file`` turns ``dcp/model`` into one ``torch.save`` file of the GPT's state dict
+(``format_utils.dcp_to_torch_save``).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from runner.checkpoint import fsync_dir, sha256_file
+
+DCP_DIR = "dcp"
+MODEL_DIR = f"{DCP_DIR}/model"
+OPTIM_DIR = f"{DCP_DIR}/optim"
+MODEL_METADATA = f"{MODEL_DIR}/.metadata"
+
+
+def has_shards(ckdir: Path) -> bool:
+    return (ckdir / MODEL_METADATA).is_file()
+
+
+def _file_info(path: Path) -> dict[str, Any]:
+    return {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+
+
+def hash_own_files(step_path: Path, sub: str, rank: int) -> dict[str, dict[str, Any]]:
+    """{relative name: {sha256, bytes}} of the files in step_path/sub that this rank accounts for:
+    its own shard files, plus (rank 0) the metadata and anything not named after a rank."""
+    d = step_path / sub
+    out: dict[str, dict[str, Any]] = {}
+    for f in sorted(d.iterdir()):
+        if not f.is_file():
+            continue
+        name = f.name
+        owner = 0
+        if name.startswith("__") and "_" in name[2:]:
+            head = name[2:].split("_", 1)[0]
+            owner = int(head) if head.isdigit() else 0
+        if owner == rank:
+            out[f"{sub}/{name}"] = _file_info(f)
+    fsync_dir(d)
+    return out
+
+
+def save_shards(step_path: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer],
+                rank: int) -> dict[str, dict[str, Any]]:
+    """Collective: DCP-save the model, then the optimizers, under step_path/dcp; return this rank's files."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    msd, osd = get_state_dict(model, optimizers)
+    files: dict[str, dict[str, Any]] = {}
+    for sub, sd in ((MODEL_DIR, msd), (OPTIM_DIR, osd)):
+        try:
+            dcp.save(sd, storage_writer=dcp.FileSystemWriter(step_path / sub, sync_files=True))
+        except CheckpointException as e:    # raised on every rank when any rank's write failed
+            raise _as_os_error(e, step_path / sub) from None
+        files.update(hash_own_files(step_path, sub, rank))
+    return files
+
+
+def _as_os_error(e: BaseException, where: Path) -> OSError:
+    """DCP's CheckpointException as the OSError of the first failing rank, so runner/checkpoint.py
+    abandons the write on every rank as it does for a failed torch.save."""
+    for rank, (exc, _trace) in sorted(getattr(e, "failures", {}).items()):
+        if isinstance(exc, OSError):
+            return OSError(exc.errno, f"rank {rank}: {exc.strerror or exc}", exc.filename or str(where))
+        return OSError(0, f"rank {rank}: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", str(where))
+    return OSError(0, str(e).splitlines()[0], str(where))
+
+
+def load_shards(step_path: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
+    """Collective: load model and optimizer state from step_path/dcp (resharding as needed)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    msd, osd = get_state_dict(model, optimizers)
+    dcp.load(msd, checkpoint_id=step_path / MODEL_DIR)
+    dcp.load(osd, checkpoint_id=step_path / OPTIM_DIR)
+    set_state_dict(model, optimizers, model_state_dict=msd, optim_state_dict=osd)
+
+
+def export_model_file(step_path: Path, out: Path) -> dict[str, torch.Tensor]:
+    """Write the checkpoint's model as one torch.save state dict at `out` (temp file + rename).
+
+    DCP checkpoints are consolidated with ``dcp_to_torch_save`` in this process (it needs host
+    memory for the whole model); a DDP/zero1 checkpoint's model.pt is already one. Returns the
+    state dict (loaded back with weights_only=True, as a user would).
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        if has_shards(step_path):
+            dcp_to_torch_save(step_path / MODEL_DIR, tmp)
+        else:
+            sd = torch.load(step_path / "model.pt", map_location="cpu", weights_only=True)
+            torch.save(sd, tmp)
+        sd = torch.load(tmp, map_location="cpu", weights_only=True)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return sd

@@ -33,7 +33,7 @@ from planner.spec import PRESETS, style_spec  # noqa: E402
 VOCAB = {"nanochat": 65536, "gpt2": 50257, "llama": 32000}
 TARGET = 0.03
 
-# style, depth, seq, micro-batch, loss chunk, precision, checkpointing, optimizer, accum, dp
+# style, depth, seq, micro-batch, loss chunk, precision, checkpointing, optimizer, accum, dp[, strategy (ddp)]
 GRID = [
     ("nanochat", 4, 256, 1, 0, "bf16-autocast", False, "adamw", 1, 1),
     ("nanochat", 4, 1024, 32, 4096, "bf16-autocast", True, "muon", 2, 8),
@@ -56,8 +56,15 @@ GRID = [
     ("llama", 16, 4096, 2, 4096, "bf16-autocast", True, "muon", 1, 1),
     ("llama", 32, 2048, 1, 0, "bf16-autocast", False, "adamw", 1, 8),
     ("llama", 24, 1024, 32, 4096, "fp32", True, "adamw", 1, 8),
+    # one rank of each sharded strategy (dp=8): traced as DDP, sharded parts divided by dp (planner/trace.py)
+    ("nanochat", 20, 2048, 16, 4096, "bf16-autocast", False, "adamw", 2, 8, "zero1"),
+    ("nanochat", 20, 2048, 16, 4096, "bf16-autocast", False, "adamw", 2, 8, "zero2"),
+    ("nanochat", 20, 2048, 16, 4096, "bf16-autocast", False, "adamw", 2, 8, "fsdp"),
+    ("llama", 16, 2048, 4, 0, "bf16-autocast", True, "muon", 1, 8, "zero1"),
+    ("llama", 16, 2048, 4, 0, "bf16-autocast", True, "muon", 1, 8, "zero2"),
+    ("llama", 16, 2048, 4, 0, "bf16-autocast", True, "muon", 1, 8, "fsdp"),
 ]
-QUICK = [0, 2, 9, 15, 16]
+QUICK = [0, 2, 9, 15, 16, 23]
 
 FLOP_MODELS = ["d20", "gpt2", "llama3.2-1b"]
 
@@ -70,21 +77,22 @@ def run_memory(rows: list[tuple]) -> list[dict]:
     from planner.trace import trace_memory
 
     out = []
-    for i, (style, depth, seq, b, chunk, prec, ckpt, opt, accum, dp) in enumerate(rows, 1):
+    for i, (style, depth, seq, b, chunk, prec, ckpt, opt, accum, dp, *rest) in enumerate(rows, 1):
+        strategy = rest[0] if rest else "ddp"
         spec = style_spec(style, depth, seq, VOCAB[style])
         cfg = StepConfig(spec=spec, device_batch_size=b, grad_accum_steps=accum, dp=dp, precision=prec,
-                         optimizer=opt, activation_checkpointing=ckpt, loss_chunk_tokens=chunk)
+                         optimizer=opt, activation_checkpointing=ckpt, loss_chunk_tokens=chunk, strategy=strategy)
         t = trace_memory(cfg)
         e = estimate(cfg)
         err = e.allocated_peak / t.peak_bytes - 1
         row = dict(style=style, depth=depth, d_model=spec.d_model, n_params=n_params(spec), seq=seq, batch=b,
                    loss_chunk=chunk, precision=prec, checkpointing=ckpt, optimizer=opt, accum=accum, dp=dp,
-                   traced_bytes=t.peak_bytes, analytic_bytes=e.allocated_peak, error=err,
+                   strategy=strategy, traced_note=t.note, traced_bytes=t.peak_bytes, analytic_bytes=e.allocated_peak, error=err,
                    traced_phase=t.peak_phase, analytic_phase=e.peak_phase, trace_seconds=round(t.seconds, 2),
                    traced_breakdown=t.breakdown, analytic_breakdown=e.breakdown)
         out.append(row)
         print(f"[{i:2}/{len(rows)}] {style:8} L{depth:<2} T{seq:<4} B{b:<2} chunk {chunk:<4} {prec:13} "
-              f"ckpt {int(ckpt)} {opt:5} accum {accum} dp {dp}: traced {gib(t.peak_bytes)} GiB, "
+              f"ckpt {int(ckpt)} {opt:5} accum {accum} dp {dp} {strategy}: traced {gib(t.peak_bytes)} GiB, "
               f"analytic {gib(e.allocated_peak)} GiB, error {err:+.4%} ({t.seconds:.1f} s)", flush=True)
     return out
 
@@ -119,20 +127,24 @@ def markdown(mem: list[dict], flops: list[dict], wall: float, cmd: str) -> str:
         "train_step, autocast, the model's chunked loss and checkpointing, gradient accumulation) under "
         "FakeTensorMode on CPU with MemTracker, CUDA kernel semantics, one rank's DDP state "
         "(planner/trace.py). Analytic: planner.memory.estimate. Bytes are allocated peaks per GPU "
-        "(no CUDA context, NCCL or fragmentation, which are the profile's overhead terms).",
+        "(no CUDA context, NCCL or fragmentation, which are the profile's overhead terms). "
+        "Sharded rows (zero1, zero2, fsdp) trace the same step as DDP and divide the sharded categories "
+        "(zero1: optimizer state; zero2: + gradients; fsdp: + parameters) by dp at every moment of the "
+        "trace, adding two gathered layers for fsdp; this division is analytic, not a fake process group. "
+        "tests/test_sharded.py checks the runner's real per-rank shards on 2 CPU processes.",
         "",
         f"**Worst case: {worst['error']:+.4%}** (row {mem.index(worst) + 1}); target |error| < {TARGET:.0%}; "
         f"{sum(abs(r['error']) < TARGET for r in mem)}/{len(mem)} rows within target.",
         "",
         "| # | style | depth | d | params | seq | micro-batch | loss chunk | precision | ckpt | optimizer | accum | dp "
-        "| traced GiB | analytic GiB | error | traced peak at | analytic phase | trace s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| strategy | traced GiB | analytic GiB | error | traced peak at | analytic phase | trace s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for i, r in enumerate(mem, 1):
         lines.append(
             f"| {i} | {r['style']} | {r['depth']} | {r['d_model']} | {r['n_params'] / 1e6:,.0f}M | {r['seq']} | "
             f"{r['batch']} | {r['loss_chunk'] or 'off'} | {r['precision']} | {'on' if r['checkpointing'] else 'off'} | "
-            f"{r['optimizer']} | {r['accum']} | {r['dp']} | {gib(r['traced_bytes'])} | {gib(r['analytic_bytes'])} | "
+            f"{r['optimizer']} | {r['accum']} | {r['dp']} | {r['strategy']} | {gib(r['traced_bytes'])} | {gib(r['analytic_bytes'])} | "
             f"{r['error']:+.4%} | {r['traced_phase']} | {r['analytic_phase']} | {r['trace_seconds']} |")
     lines += [
         "",

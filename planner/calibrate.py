@@ -25,17 +25,18 @@ import json
 import math
 import re
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from planner.build import build_plan
+from planner.build import build_plan, step_config
 from planner.errors import PlanError
 from planner.plan import Plan, atomic_write_text, load_plan
 from planner.profiles import HardwareProfile, MfuPoint, Overheads, load_profile_file
-from planner.throughput import OVERLAP
+from planner.throughput import LINK_EFFICIENCY, CommModel, comm_model, exposed_seconds
 
 METRICS = "metrics.jsonl"
 RUN_INFO = "run_info.json"
@@ -259,19 +260,40 @@ def _run_date(run_dir: Path, info: dict[str, Any]) -> str:
     return _dt.datetime.fromtimestamp(mtime, tz=_dt.timezone.utc).date().isoformat()
 
 
+def _plan_comm(plan: Plan) -> tuple[CommModel, int]:
+    """The plan's communication model and grad-accumulation steps (planner.throughput)."""
+    tr = plan.training
+    cfg = step_config(plan.request, tr.device_batch_size, plan.hardware.num_gpus)
+    return comm_model(cfg, plan.hardware.num_gpus, gpu=plan.request.profile.kind == "gpu"), tr.grad_accum_steps
+
+
+def _solve_decreasing(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
+    """x in [lo, hi] with f(x) = target for a continuous non-increasing f (bisection in log space)."""
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if f(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    return math.sqrt(lo * hi)
+
+
 def fitted_mfu(plan: Plan, tokens_per_sec: float) -> float:
     """The MFU that makes the planner's step-time model give `tokens_per_sec` for this plan.
 
-    The planner's step time is compute(mfu) + max(0, comm - OVERLAP·(2/3)·compute/grad_accum),
-    with compute ∝ 1/mfu and comm fixed by the link model; invert it for the measured step.
+    The planner's step time is compute(mfu) + exposed communication (throughput.exposed_seconds),
+    with compute ∝ 1/mfu and the bytes fixed by the link model; solve it for the measured step.
     """
     tp = plan.throughput
     step = plan.schedule.tokens_per_step / tokens_per_sec
-    k = OVERLAP * (2.0 / 3.0) / plan.training.grad_accum_steps
-    comm = tp.comm_seconds
-    compute = step
-    if comm - k * step > 0:            # communication partly exposed: step = c + comm - k·c
-        compute = max((step - comm) / (1.0 - k), 1e-12)
+    cm, accum = _plan_comm(plan)
+    bw = tp.comm_seconds and cm.total(accum) / tp.comm_seconds
+    if not bw:
+        compute = step
+    elif tp.comm_seconds >= step:      # slower than even unhidden communication allows
+        compute = 1e-12
+    else:   # c + exposed(c) rises with c (exposure falls at most as fast): solve it = step
+        compute = _solve_decreasing(lambda c: step - c - exposed_seconds(cm, bw, c, accum), 0.0, 1e-12, step)
     return min(1.0, tp.mfu * tp.compute_seconds / compute)
 
 
@@ -361,8 +383,9 @@ def implied_link_gb_s(m: Measurement, mfu_base: float, base: HardwareProfile) ->
     """Nominal link GB/s (before throughput.LINK_EFFICIENCY) that explains a multi-GPU run's step time.
 
     With compute fixed by the model's single-GPU MFU, the rest of the measured step is exposed
-    communication: step = c + comm - k·c, k = OVERLAP·(2/3)/grad_accum. None when the run has
-    no communication or the step leaves none exposed (the link is then not the limit).
+    communication (throughput.exposed_seconds, which falls as the link gets faster): solve it
+    for the bandwidth. None when the run has no communication or the step leaves none exposed
+    (the link is then not the limit).
     """
     tp, plan = m.plan.throughput, m.plan
     if m.num_gpus <= 1 or tp.comm_seconds <= 0:
@@ -371,12 +394,11 @@ def implied_link_gb_s(m: Measurement, mfu_base: float, base: HardwareProfile) ->
     compute = tp.compute_seconds * tp.mfu / mfu_plan
     step = plan.schedule.tokens_per_step / m.tokens_per_sec
     exposed = step - compute
-    if exposed <= 0:
+    cm, accum = _plan_comm(plan)
+    if exposed <= 0 or exposed_seconds(cm, 1e30, compute, accum) >= exposed:
         return None
-    comm = exposed + OVERLAP * (2.0 / 3.0) / plan.training.grad_accum_steps * compute
-    prof = plan.request.profile
-    link = prof.inter_node_gb_s if plan.hardware.nodes > 1 else prof.intra_node_gb_s
-    return link * tp.comm_seconds / comm   # same bytes, moved in `comm` seconds instead
+    bw = _solve_decreasing(lambda b: exposed_seconds(cm, b, compute, accum), exposed, 1e-3, 1e18)
+    return bw / 1e9 / LINK_EFFICIENCY
 
 
 def calibrate_profile(base: HardwareProfile, runs: list[Measurement], today: str | None = None,

@@ -685,8 +685,8 @@ def _state_cut(m: _Model, strategy: str, dp: int, w: int, spec: ModelSpec) -> in
         return 0
     cut = m.optimizer_state - m.optimizer_state // dp
     if strategy == "fsdp":
-        cut += m.params - m.params // dp - fsdp_gathered_bytes(spec, w)
-    return cut
+        cut += m.params - m.params // dp
+    return cut - sharded_extra(strategy, spec, w, dp)[1]
 
 
 def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
@@ -869,13 +869,29 @@ def fsdp_gathered_bytes(spec: ModelSpec, w: int) -> int:
     return 2 * ((c.attention + c.mlp) // max(spec.n_layer, 1) + 2 * norm_params(spec)) * w
 
 
+def sharded_extra(strategy: str, spec: ModelSpec, w: int, dp: int) -> tuple[str, int]:
+    """(category, bytes) a sharded rank holds beyond its even shares during the step.
+
+    fsdp (FSDP2, reshard_after_forward=True) gathers two layers ahead of use: temporaries.
+    zero2 (FSDP2, reshard_after_forward=False, runner/parallel.py) keeps every gathered layer
+    from its forward to its backward, beside its own parameter shard: the full parameters plus
+    1/dp. Gathered copies are counted at the weight width w; with bf16 mixed precision on CUDA
+    FSDP2 gathers bf16, so this is conservative there (tests/test_shard_state.py).
+    """
+    if strategy == "fsdp":
+        return "temporaries", fsdp_gathered_bytes(spec, w)
+    if strategy == "zero2" and dp > 1:
+        return "parameters", n_params(spec) * w // dp
+    return "temporaries", 0
+
+
 def shard_breakdown(breakdown: dict[str, int], strategy: str, dp: int, spec: ModelSpec, w: int) -> dict[str, int]:
-    """Divide optimizer state (zero1+) and parameters (fsdp) by dp and add FSDP's gathered
-    layers (analytic; gradients are sharded while walking the step, see `_grad`)."""
+    """Divide optimizer state (zero1+) and parameters (fsdp) by dp and add what sharding holds
+    beyond even shares (`sharded_extra`; gradients are sharded while walking the step, see `_grad`)."""
     out = dict(breakdown)
     for key in SHARDED[strategy]:
         if key != "gradients":
             out[key] = out[key] // dp
-    if strategy == "fsdp":
-        out["temporaries"] += fsdp_gathered_bytes(spec, w)
+    key, extra = sharded_extra(strategy, spec, w, dp)
+    out[key] += extra
     return out

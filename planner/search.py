@@ -48,7 +48,7 @@ from planner.scaling import (
     effective_tokens,
 )
 from planner.spec import ModelSpec, style_spec
-from planner.throughput import LINK_EFFICIENCY, OVERLAP, comm_bytes_per_gpu
+from planner.throughput import comm_model, exposed_seconds, link_bytes_per_s
 from planner.units import fmt_bytes, fmt_count
 
 OBJECTIVES = ("loss", "max-model", "throughput", "chinchilla")
@@ -259,7 +259,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     capacity = prof.usable_bytes * (1.0 - settings.headroom)
     w, a, _ = _bytes(settings.precision)
     peak = prof.peak_flops("fp32" if settings.precision == "fp32" else "bf16")
-    bw = (prof.inter_node_gb_s if hw.nodes > 1 else prof.intra_node_gb_s) * 1e9 * LINK_EFFICIENCY
+    bw = link_bytes_per_s(hw)
     chunk = settings.loss_chunk_tokens
     ds = settings.dataset_tokens
     cap_steps = (max(1, math.floor(settings.max_epochs * ds / tb)) if ds and settings.max_epochs else None)
@@ -283,8 +283,8 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
             hw_flops_extra = mp.head_flops if (chunk and chunk < tok) else 0.0
             per_b.append((b, tb // (b * T * g), hw_flops_extra))
         for strat in strategies:
-            comm = comm_bytes_per_gpu(StepConfig(spec=spec, device_batch_size=1, dp=g, precision=settings.precision,
-                                                 strategy=strat), g) / bw if g > 1 else 0.0  # type: ignore[arg-type]
+            cm = comm_model(StepConfig(spec=spec, device_batch_size=1, dp=g, precision=settings.precision,
+                                       strategy=strat), g, gpu=is_gpu)  # type: ignore[arg-type]
             srank = STRATEGY_RANK[strat]
             for ac in ac_options:
                 f_hw = (mp.f_tok + mp.f_tok / 3.0) if ac else float(mp.f_tok)
@@ -298,8 +298,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
                     if total > capacity:
                         continue
                     compute = tb * (f_hw + extra) / (g * mp.mfu * peak)
-                    exposed = comm - OVERLAP * (compute / accum * (2.0 / 3.0))
-                    step_s = compute + exposed if exposed > 0.0 else compute
+                    step_s = compute + exposed_seconds(cm, bw, compute, accum) if g > 1 else compute
                     if fixed_steps is None:
                         steps = max(1, math.floor(run_hours * 3600 / step_s))
                         hours = run_hours

@@ -27,8 +27,10 @@ Two deliberate departures from a plain CPU run, both documented in docs/trace.md
    tests/test_trace.py checks this against a real DDP on a fake process group byte for byte.
    Sharded strategies (zero1, zero2, fsdp) are traced as DDP; at every moment of the last step
    their sharded parts (optimizer state; + gradients; + parameters) are divided by the
-   data-parallel degree, and FSDP adds two gathered layers: an analytic division, as
-   planner.memory does (sharded runner support comes later).
+   data-parallel degree; fsdp adds two gathered layers and zero2 its parameter shard beside
+   the gathered parameters (planner.memory.sharded_extra). This is an analytic division, as
+   planner.memory does, not a fake process group; tests/test_shard_state.py checks the
+   runner's real per-rank parameters, gradients and optimizer state on 2 gloo processes.
 
 The trace is eager: torch.compile (on by default for GPU plans) usually saves activation
 memory, so eager figures are an upper bound for compiled runs.
@@ -439,10 +441,10 @@ def trace_memory(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, gra
                             peak_phase=mt.peak_phase, seconds=time.perf_counter() - t0)
     from dataclasses import replace
 
-    from planner.memory import SHARDED, fsdp_gathered_bytes
+    from planner.memory import SHARDED, sharded_extra
 
     w = 2 if cfg.precision == "bf16" else 4
-    extra = fsdp_gathered_bytes(cfg.spec, w) if cfg.strategy == "fsdp" else 0
+    extra_key, extra = sharded_extra(cfg.strategy, cfg.spec, w, dp)
 
     def cut(cats: dict[str, int]) -> int:
         return sum(cats[k] - cats[k] // dp for k in SHARDED[cfg.strategy]) - extra
@@ -452,9 +454,10 @@ def trace_memory(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, gra
     cats = dict(tracker.cut_categories)
     for k in SHARDED[cfg.strategy]:
         cats[k] //= dp
-    cats["temporaries"] += extra
+    cats[extra_key] += extra
     parts = ", ".join(k.replace("_", " ") for k in SHARDED[cfg.strategy])
     note = (f"{cfg.strategy}: traced as DDP; at every moment {parts} divided by dp={dp}"
-            + (", plus two gathered layers" if extra else "") + " (analytic)")
+            + ({"fsdp": ", plus two gathered layers", "zero2": ", plus the gathered parameters"}.get(cfg.strategy, ""))
+            + " (analytic)")
     return TracedMemory(config=cfg, kernels=kernels, peak_bytes=sum(cats.values()), breakdown=cats,
                         peak_phase=tracker.cut_phase, seconds=time.perf_counter() - t0, note=note)

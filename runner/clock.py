@@ -8,6 +8,9 @@ The clock is injectable so that tests can simulate long runs quickly:
 - ``NANOPLAN_CKPT_DELAY_S=2`` sleeps 2 real seconds inside every checkpoint write (after
   the data files, before meta.json), to simulate a slow disk.
 
+The clock also keeps its wall-clock start, so that a launch restarted by torchrun after a
+crash counts the time from the crashed launch's start to its own (restart_carried_s).
+
 No torch here: the guard is plain arithmetic and is unit-tested on its own.
 """
 
@@ -18,9 +21,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 ENV_TIME_SCALE = "NANOPLAN_TIME_SCALE"
 ENV_CKPT_DELAY = "NANOPLAN_CKPT_DELAY_S"
+ENV_LAUNCH_ID = "NANOPLAN_LAUNCH_ID"    # set by `nanoplan run`: one id per launch, the same across torchrun restarts
 
 CKPT_SAFETY = 1.5          # reserve 1.5x the slowest measured checkpoint write (+ eval)
 CKPT_FALLBACK_BYTES_S = 50e6  # before any write is measured: assume 50 MB/s ...
@@ -44,13 +49,14 @@ class Clock:
     """Real and budget seconds since the clock started (budget = real × scale)."""
 
     def __init__(self, scale: float = 1.0, time_fn: Callable[[], float] = time.monotonic,
-                 ckpt_delay_s: float = 0.0) -> None:
+                 ckpt_delay_s: float = 0.0, wall_fn: Callable[[], float] = time.time) -> None:
         if scale <= 0:
             raise ValueError(f"time scale must be > 0, got {scale}")
         self.scale = scale
         self.ckpt_delay_s = ckpt_delay_s
         self._time = time_fn
         self._start = time_fn()
+        self.start_unix = wall_fn()      # wall-clock origin, to measure the downtime between launches
 
     @classmethod
     def from_env(cls) -> Clock:
@@ -109,11 +115,26 @@ class BudgetGuard:
     def total(self, run_s: float) -> float:
         return self.carried_s + run_s
 
-    def should_stop(self, run_s: float) -> bool:
-        """True when the step in flight plus one more step plus the reserve would pass the deadline."""
+    def due_s(self, checkpoint_due: bool = False, eval_due: bool = False) -> float:
+        """Budget seconds of the work due before the next step: a periodic checkpoint (with its
+        validation pass) or a scheduled validation pass, each with the safety factor."""
+        if checkpoint_due:
+            return self.reserve_s()
+        return self.safety * self.eval_s if eval_due else 0.0
+
+    def should_stop(self, run_s: float, *, checkpoint_due: bool = False, eval_due: bool = False) -> bool:
+        """True when the work due now, one more step (plus one step of margin) and the reserve for
+        the final checkpoint would pass the deadline.
+
+        A periodic checkpoint or validation pass due at this step is counted too: without it a
+        run that passes the test here would write that checkpoint, take one more step, and then
+        have its final checkpoint run past the deadline. When it would not fit, the run stops
+        now and the checkpoint due becomes the final one.
+        """
         if self.deadline_s is None:
             return False
-        return self.total(run_s) + 2 * self.step_s + self.reserve_s() > self.deadline_s
+        need = 2 * self.step_s + self.due_s(checkpoint_due, eval_due) + self.reserve_s()
+        return self.total(run_s) + need > self.deadline_s
 
     def seconds_to_stop(self, run_s: float) -> float | None:
         """Budget seconds until the guard stops the run (None without a deadline)."""
@@ -135,3 +156,28 @@ def deadline_seconds(hours: float | None, budget_usd: float | None, usd_per_hour
     if budget_usd is not None and usd_per_hour > 0:
         limits.append(budget_usd / usd_per_hour * 3600.0)
     return min(limits) if limits else None
+
+
+def restart_carried_s(segments: list[dict[str, Any]], job: str | None, restart_count: int, start_unix: float,
+                      scale: float) -> float | None:
+    """Budget seconds spent before this launch's clock started, when it is a torchrun restart.
+
+    A restart (--max-restarts after a crash) follows a launch of the same job whose machines
+    were paid for until the crash and through the restart, although its last checkpoint (and
+    its last metrics line) are older. The last segment recorded in run_info.json names its job
+    (NANOPLAN_LAUNCH_ID, else TORCHELASTIC_RUN_ID), its clock's wall-clock start and the time
+    it carried; if it is an earlier attempt of this job, everything from its start to this
+    clock's start counts: its carried time + the wall-clock gap × the time scale. None for a
+    first launch, a new job, or a segment recorded without these fields.
+    """
+    if restart_count <= 0 or not job or not segments:
+        return None
+    prev = segments[-1]
+    try:
+        same_job = prev.get("job") == job and int(prev.get("restart_count", 0)) < restart_count
+        carried, start = float(prev["carried_hours"]) * 3600.0, float(prev["clock_start_unix"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not same_job or not (math.isfinite(carried) and math.isfinite(start)):
+        return None
+    return carried + max(0.0, start_unix - start) * scale

@@ -31,10 +31,10 @@ from torch import nn
 from planner.errors import PlanError
 from planner.plan import Plan, load_plan
 from runner import checkpoint as ck
-from runner.clock import BudgetGuard, Clock, deadline_seconds
+from runner.clock import ENV_LAUNCH_ID, BudgetGuard, Clock, deadline_seconds, restart_carried_s
 from runner.data import TrainBatches, ValBatches, load_data
 from runner.display import Display
-from runner.metrics import STOP, MetricsLog, mfu, read_metrics, update_run_info, write_json
+from runner.metrics import RUN_INFO, STOP, MetricsLog, mfu, read_json, read_metrics, update_run_info, write_json
 from runner.model import GPT
 from runner.parallel import full_value, parallelize
 from runner.preflight import check_data, check_run_dir_contained, check_supported, resolve_data_dir
@@ -162,23 +162,39 @@ def replica_fingerprint(model: nn.Module) -> tuple[str, str]:
     return "sums", h.hexdigest()
 
 
+def launch_job() -> str | None:
+    """What identifies this torchrun job across its restarts: `nanoplan run`'s launch id, else torchrun's run id."""
+    return os.environ.get(ENV_LAUNCH_ID) or os.environ.get("TORCHELASTIC_RUN_ID") or None
+
+
+def _restart_carry_h(run_dir: Path, clock: Clock) -> float:
+    """Hours spent by earlier attempts of this torchrun job up to this launch's clock start (0 if none)."""
+    segs = (read_json(run_dir / RUN_INFO) or {}).get("segments") or []
+    s = restart_carried_s(segs if isinstance(segs, list) else [], launch_job(), ck._restart_count(),
+                          clock.start_unix, clock.scale)
+    return (s or 0.0) / 3600.0
+
+
 def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: bool,
-                   log: Any) -> dict[str, Any]:
-    """Rank 0: which checkpoint to resume from (or an error to raise on every rank)."""
+                   log: Any, clock: Clock) -> dict[str, Any]:
+    """Rank 0: which checkpoint to resume from (or an error to raise on every rank), and the
+    hours already spent ("carried_hours"): the checkpoint's, the metrics logged after it, and,
+    after a torchrun restart, everything up to this launch (the crash and the restart included)."""
     try:
         steps = ck.list_steps(run_dir)
         restarted = ck._restart_count() > 0
+        restart_h = _restart_carry_h(run_dir, clock)
         if not steps:
             if resume and not restarted:
                 raise PlanError("--resume", f"{run_dir} has no checkpoint to resume from", "drop --resume to start a new run")
-            return {"step": None}
+            return {"step": None, "carried_hours": restart_h}
         found = ck.latest_good(run_dir, log)
         if found is None:
             if not force:
                 raise PlanError("--run-dir", f"{run_dir} holds checkpoints but none is intact",
                                 "use another --run-dir, or --force to start from scratch here")
             log("no intact checkpoint; starting from scratch (--force)")
-            return {"step": None}
+            return {"step": None, "carried_hours": restart_h}
         step, meta = found
         for bad in [s for s in steps if s > step]:
             moved = ck.set_aside(run_dir, bad)
@@ -192,8 +208,8 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
             log(f"resuming from a checkpoint of a different plan (--force): {meta.get('plan_hash')}")
         rows = read_metrics(run_dir)
         logged_h = max((r.get("elapsed_hours") or 0.0 for r in rows), default=0.0)
-        meta["carried_hours"] = max(float(meta.get("elapsed_hours", 0.0)), float(logged_h))
-        return {"step": step, "meta": meta}
+        meta["carried_hours"] = max(float(meta.get("elapsed_hours", 0.0)), float(logged_h), restart_h)
+        return {"step": step, "meta": meta, "carried_hours": meta["carried_hours"]}
     except PlanError as e:
         return {"error": [e.field, e.problem, e.fix]}
 
@@ -266,8 +282,8 @@ class Trainer:
             build_optimizer=lambda m: build_optimizer(m, tr.optimizer, hyper.lr, hyper.matrix_lr, hyper.weight_decay,
                                                       tuple(hyper.betas), self.device_type))
         self.raw, self.fwd, self.model, self.opt = self.par.raw, self.par.fwd, self.par.model, self.par.opt
-        decision = _bcast(_decide_resume(plan, self.phash, self.run_dir, self.args.resume, self.args.force, self.log)
-                          if d.is_main else None, d)
+        decision = _bcast(_decide_resume(plan, self.phash, self.run_dir, self.args.resume, self.args.force, self.log,
+                                         self.clock) if d.is_main else None, d)
         if "error" in decision:
             raise PlanError(*decision["error"])
         self.start_step = decision["step"] or 0
@@ -301,9 +317,10 @@ class Trainer:
             if old_data and Path(old_data).resolve() != data_dir.resolve():
                 self.log(f"warning: the checkpoint was trained on {old_data}, this launch reads {data_dir}")
             self.log(f"resumed from {ckdir} (step {self.start_step}, "
-                     f"{self.resume_meta['carried_hours'] * 60:.2f} min and ${self.resume_meta.get('usd_spent', 0):.2f} carried)")
+                     f"{self.resume_meta['carried_hours'] * 60:.2f} min and "
+                     f"${self.resume_meta['carried_hours'] * plan.budget.usd_per_hour:.2f} carried)")
 
-        carried_h = self.resume_meta.get("carried_hours", 0.0)
+        carried_h = float(decision.get("carried_hours") or 0.0)
         b = plan.budget
         self.usd_per_hour = b.usd_per_hour
         self.guard = BudgetGuard(deadline_seconds(plan.request.hours, plan.request.budget_usd, b.usd_per_hour),
@@ -327,7 +344,8 @@ class Trainer:
                 "torch_version": torch.__version__, "world_size": d.world_size, "start_time": now,
                 "data_dir": str(data_dir),
             }, {"start_time": now, "resumed_from_step": decision["step"], "world_size": d.world_size,
-                "restart_count": ck._restart_count(), "device": self.device_name})
+                "restart_count": ck._restart_count(), "device": self.device_name, "job": launch_job(),
+                "clock_start_unix": self.clock.start_unix, "carried_hours": carried_h})
         self.segment = _bcast(self.segment, d)
 
     # ------------------------------------------------------------------ pieces of the loop
@@ -413,7 +431,9 @@ class Trainer:
         if self.d.is_main:
             probe = step == self.start_step + 1 and self.guard.ckpt_s is None  # measure the write early
             want_ckpt = float(probe or self.total_s() - self.last_ckpt_total >= self.ckpt_every_s)
-            want_stop = float(self.guard.should_stop(self.clock.budget()))
+            eval_due = bool(self.val_every) and step % self.val_every == 0
+            want_stop = float(self.guard.should_stop(self.clock.budget(), checkpoint_due=bool(want_ckpt),
+                                                     eval_due=eval_due))
         flags = torch.tensor([want_ckpt, want_stop, float(self.signals.count > 0)], dtype=torch.float32)
         vec = torch.cat([loss.detach().float().reshape(1), gnorm.detach().float().reshape(1).to(loss.device),
                          flags.to(loss.device)])

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from runner.clock import CKPT_FALLBACK_MIN_S, BudgetGuard, Clock, deadline_seconds
+from runner.clock import CKPT_FALLBACK_MIN_S, BudgetGuard, Clock, deadline_seconds, restart_carried_s
 from runner.train import lr_multiplier
 
 
@@ -69,6 +69,48 @@ def test_guard_step_estimate_never_below_the_last_step() -> None:
 
 def test_guard_falls_back_to_bytes_for_big_checkpoints() -> None:
     assert BudgetGuard(deadline_s=1.0, ckpt_bytes=int(5e9)).checkpoint_estimate() == pytest.approx(100.0)
+
+
+def _simulate(deadline: float, *, count_due: bool, step: float = 1.0, ckpt: float = 4.0, every: float = 10.0) -> float:
+    """The budget seconds a run ends at: fixed step and write times, a periodic checkpoint, the final one."""
+    g = BudgetGuard(deadline_s=deadline)
+    g.observe_checkpoint(ckpt)
+    t = last = 0.0
+    while True:
+        t += step
+        g.observe_step(step)
+        due = t - last >= every
+        if g.should_stop(t, checkpoint_due=due and count_due):
+            return t + ckpt                       # the final checkpoint
+        if due:
+            t += ckpt
+            last = t
+
+
+def test_guard_counts_the_periodic_checkpoint_due_now() -> None:
+    """Not counting a checkpoint due at this step lets the final one pass the deadline."""
+    deadlines = [40 + 0.25 * i for i in range(200)]
+    assert any(_simulate(d, count_due=False) > d for d in deadlines)
+    assert all(d - 10 < _simulate(d, count_due=True) <= d for d in deadlines)
+    g = BudgetGuard(deadline_s=100.0)
+    g.observe_step(2.0)
+    g.observe_checkpoint(4.0)
+    g.observe_eval(2.0)
+    assert g.due_s() == 0.0 and g.due_s(eval_due=True) == 3.0 and g.due_s(True, True) == g.reserve_s() == 9.0
+    assert not g.should_stop(86.0) and g.should_stop(86.0, eval_due=True) and g.should_stop(86.0, checkpoint_due=True)
+    assert not g.should_stop(84.0, eval_due=True) and g.should_stop(79.0, checkpoint_due=True)
+
+
+def test_a_torchrun_restart_counts_the_time_since_the_crashed_launch_started() -> None:
+    seg0 = {"job": "j1", "restart_count": 0, "carried_hours": 0.5, "clock_start_unix": 1000.0}
+    assert restart_carried_s([seg0], "j1", 1, 1100.0, 1.0) == 1800.0 + 100.0
+    assert restart_carried_s([seg0], "j1", 1, 1100.0, 10.0) == 1800.0 + 1000.0   # the simulated clock's scale
+    assert restart_carried_s([seg0], "j1", 2, 1100.0, 1.0) == 1900.0     # attempt 1 died before it was recorded
+    assert restart_carried_s([seg0], "j1", 0, 1100.0, 1.0) is None       # a first launch
+    assert restart_carried_s([seg0], "j2", 1, 1100.0, 1.0) is None       # another job: the gap was not paid for
+    assert restart_carried_s([{**seg0, "restart_count": 1}], "j1", 1, 1100.0, 1.0) is None
+    assert restart_carried_s([{"job": "j1", "restart_count": 0}], "j1", 1, 1100.0, 1.0) is None   # an older record
+    assert restart_carried_s([seg0], "j1", 1, 900.0, 1.0) == 1800.0      # the wall clock went back: no gap
 
 
 def test_lr_schedule_warmup_flat_warmdown() -> None:

@@ -9,11 +9,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.build import build_plan
 from planner.cli import app
 from planner.cli.common import resolve_data, resolve_model, resolve_profile
 from planner.errors import PlanError
-from planner.plan import Plan, PlanRequest, save_plan
+from planner.fit import fit_model
+from planner.plan import Plan, save_plan
 from planner.report import print_plan
 from planner.units import parse_count
 
@@ -38,8 +38,9 @@ def estimate(
     seq_len: Annotated[Optional[int], Opt(help="Sequence length T")] = None,
     device_batch_size: Annotated[Optional[int], Opt(help="Micro-batch per GPU (default: largest that fits)")] = None,
     total_batch_tokens: Annotated[int, Opt(help="Tokens per optimizer step")] = 524_288,
-    strategy: Annotated[str, Opt(help="ddp | zero1 | zero2 | fsdp")] = "ddp",
-    activation_checkpointing: Annotated[bool, Opt("--activation-checkpointing/--no-activation-checkpointing")] = False,
+    strategy: Annotated[Optional[str], Opt(help="ddp | zero1 | zero2 | fsdp (default: ddp, or the simplest that fits)")] = None,
+    activation_checkpointing: Annotated[Optional[bool], Opt("--activation-checkpointing/--no-activation-checkpointing",
+                                                            help="default: off, or on when needed to fit")] = None,
     precision: Annotated[Optional[str], Opt(help="bf16-autocast | bf16 | fp32 (CPU default fp32)")] = None,
     optimizer: Annotated[str, Opt(help="adamw | muon")] = "adamw",
     loss_chunk_tokens: Annotated[int, Opt(help="Tokens per chunk of the chunked loss (0 = whole batch)")] = 4096,
@@ -70,7 +71,7 @@ def estimate(
     base = dict(
         gpu=gpu, profile=prof, provider=provider, price=price, device_batch_size=device_batch_size,
         total_batch_tokens=total_batch_tokens, precision=precision or ("fp32" if is_cpu else "bf16-autocast"),
-        optimizer=optimizer, strategy=strategy, activation_checkpointing=activation_checkpointing,
+        optimizer=optimizer, strategy=strategy or "ddp", activation_checkpointing=bool(activation_checkpointing),
         loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compile is None else compile,
         budget_usd=budget, hours=hours, steps=steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
         data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes, keep_last=keep_last,
@@ -84,7 +85,13 @@ def estimate(
         plan = search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
                           style=style, plan_path=plan_path, console=None if json_out else console)
     else:
-        plan = build_plan(PlanRequest.model_validate({**base, "model": spec}), plan_path=plan_path)
+        plan, why, _ = fit_model(spec, base, strategy=strategy, ac=activation_checkpointing, plan_path=plan_path)
+        if why and not json_out:
+            from rich.panel import Panel  # noqa: PLC0415
+
+            console.print(Panel("\n".join(f"• {x}" for x in why), title=f"How {plan.model.name} fits" if plan.memory.fits
+                                else f"{plan.model.name} does not fit",
+                                title_align="left"))
     _emit(plan, out, json_out, console)
 
 

@@ -6,6 +6,7 @@ Nothing here imports torch at import time; the preflight imports it only to coun
 from __future__ import annotations
 
 import shlex
+import uuid
 from typing import Annotated, Optional
 
 import typer
@@ -33,6 +34,7 @@ def run(
     """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
+    from runner.clock import ENV_LAUNCH_ID  # noqa: PLC0415
     from runner.launcher import build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
@@ -76,6 +78,8 @@ def run(
         for p in pf.problems:
             typer.echo(f"warning: preflight: {p} (--force)", err=True)
     typer.echo(f"launching: {shlex.join(cmd)}", err=True)
-    rc = run_torchrun(cmd, launch_env(plan), rdir)
+    env = launch_env(plan)
+    env[ENV_LAUNCH_ID] = uuid.uuid4().hex   # the same in every torchrun restart: they count each other's time
+    rc = run_torchrun(cmd, env, rdir)
     if rc:
         raise typer.Exit(rc)

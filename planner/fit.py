@@ -1,0 +1,108 @@
+"""Make a given model fit: pick the strategy and activation checkpointing when the user did not.
+
+`nanoplan estimate --depth 64` names the model but not how to hold it. The default is the
+simplest setting, ddp without checkpointing at the largest micro-batch that fits. When that
+does not fit, this module tries every strategy (ddp, zero1, zero2, fsdp) × checkpointing
+(off, on) × micro-batch the user left open, keeps those that fit the memory model, and picks
+the one with the most tokens for the length (ties go to the simpler setting, as in the
+search). It returns the plan and a few sentences, with numbers, that say why.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.build import build_plan
+from planner.memory import STRATEGIES
+from planner.plan import Plan, PlanRequest
+from planner.search import Candidate, Length, SearchResult, _min_memory, request_for, search, settings_from
+from planner.spec import ModelSpec
+from planner.units import fmt_bytes, fmt_count
+
+_DEFAULT_STRATEGY = "ddp"
+
+
+def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac: bool | None,
+              plan_path: str = "plan.json") -> tuple[Plan, list[str], SearchResult | None]:
+    """The plan for `spec`, plus why its strategy/checkpointing were chosen (empty if nothing changed).
+
+    `strategy`/`ac` are the user's choices, None when left open. The simplest setting is kept
+    when it fits; otherwise the open dimensions are searched.
+    """
+    first = dict(base, strategy=strategy or _DEFAULT_STRATEGY, activation_checkpointing=bool(ac))
+    plan = build_plan(PlanRequest.model_validate({**first, "model": spec}), plan_path=plan_path)
+    if plan.memory.fits or (strategy is not None and ac is not None):
+        return plan, [], None
+    hw = plan_hardware(base)
+    length = Length(budget_usd=base.get("budget_usd"), hours=base.get("hours"), steps=base.get("steps"))
+    result = search([spec], hw, length, settings_from(base), objective="throughput",
+                    strategies=(strategy,) if strategy else STRATEGIES,
+                    ac_options=(ac,) if ac is not None else (False, True),
+                    device_batch=base.get("device_batch_size"))
+    for c in result.ranked[:20]:
+        chosen = build_plan(request_for(c, {k: v for k, v in base.items() if k != "model"}), plan_path=plan_path)
+        if chosen.memory.fits:
+            return chosen, explain_fit(result, c, plan), result
+    return plan, nothing_fits_with(spec, base, plan, strategy, ac, length), result
+
+
+def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], simplest: Plan, strategy: str | None,
+                      ac: bool | None, length: Length) -> list[str]:
+    """When the user's pinned choice leaves nothing that fits: say what would."""
+    pinned = ", ".join(x for x in (f"--strategy {strategy}" if strategy else "",
+                                   "" if ac is None else f"--{'' if ac else 'no-'}activation-checkpointing") if x)
+    head = (f"{spec.name} does not fit with {pinned or 'any strategy or checkpointing'} at any micro-batch "
+            f"({fmt_bytes(simplest.memory.per_gpu_bytes)} per GPU at micro-batch {simplest.training.device_batch_size}).")
+    hw = plan_hardware(base)
+    free = search([spec], hw, length, settings_from(base), objective="throughput",
+                  device_batch=base.get("device_batch_size"))
+    if free.best is None:
+        return [head, "No strategy or checkpointing makes it fit here: use more or bigger GPUs or a smaller model."]
+    b = free.best
+    return [head, f"{b.settings_label} at micro-batch {b.device_batch} would fit ({fmt_bytes(b.mem_bytes)} per GPU): "
+                  f"drop {pinned} to let nanoplan choose."]
+
+
+def plan_hardware(base: dict[str, Any]) -> Any:
+    from planner.profiles import parse_gpu_spec  # noqa: PLC0415
+
+    return parse_gpu_spec(base["gpu"], profile=base["profile"], provider=base.get("provider"), price=base.get("price"))
+
+
+def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[str]:
+    """Sentences: why the simple setting fails, what was chosen, and what it costs."""
+    cap = fmt_bytes(result.capacity)
+    b_min = result.micro_batches[-1]
+    tr = simplest.training
+    label = tr.strategy + (" + checkpointing" if tr.activation_checkpointing else "")
+    out = [f"{best.name} ({fmt_count(best.n_params)} params) does not fit with {label}: "
+           f"{fmt_bytes(simplest.memory.per_gpu_bytes)} per GPU at micro-batch {tr.device_batch_size} "
+           f"> {cap} usable."]
+    ranked = result.ranked
+    ddp_fits = any(c.strategy == "ddp" for c in ranked)
+    if not ddp_fits and "ddp" in result.strategies:
+        need = _min_memory(best.spec, result, "ddp", True)
+        out.append(f"ddp does not fit at all: even at micro-batch {b_min} with checkpointing it needs "
+                   f"{fmt_bytes(need)} per GPU (every GPU holds the whole model, gradients and AdamW state).")
+    out.append(f"Chosen: {best.settings_label} at micro-batch {best.device_batch} × {best.grad_accum} accumulation, "
+               f"{fmt_bytes(best.mem_bytes)} of {cap} per GPU, {fmt_count(best.tokens_per_sec)} tokens/s, "
+               f"{fmt_count(best.tokens)} tokens in {best.hours:.1f} h for ${best.usd:,.0f}.")
+    fitting, failing = [], []
+    for st in result.strategies:
+        for ac in result.ac_options:
+            name = st + ("+AC" if ac else "")
+            if (st, ac) == (best.strategy, best.activation_checkpointing) or \
+                    (st == tr.strategy and ac == tr.activation_checkpointing) or (st == "ddp" and not ddp_fits):
+                continue
+            alt = [c for c in ranked if c.strategy == st and c.activation_checkpointing == ac]
+            if alt:
+                a = alt[0]
+                fitting.append(f"{name} at micro-batch {a.device_batch} ({fmt_bytes(a.mem_bytes)}, "
+                               f"{a.tokens_per_sec / best.tokens_per_sec - 1:+.1%} tokens/s)")
+            else:
+                failing.append(f"{name} {fmt_bytes(_min_memory(best.spec, result, st, ac))}")
+    if fitting:
+        out.append("Also fit, but slower or more complex: " + "; ".join(fitting) + ".")
+    if failing:
+        out.append(f"Do not fit even at micro-batch {b_min}: " + ", ".join(failing) + ".")
+    return out

@@ -1,0 +1,81 @@
+"""`nanoplan estimate --depth N` with no --strategy: the simplest setting that fits, explained."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from planner.build import build_plan
+from planner.cli.common import resolve_model, resolve_profile
+from planner.fit import fit_model
+from planner.memory import STRATEGIES
+from planner.plan import PlanRequest, load_plan
+from planner.profiles import builtin_profiles
+
+
+def base(gpu: str = "8xH100", budget: float = 1000.0) -> dict:
+    return dict(gpu=gpu, profile=resolve_profile(gpu, None), budget_usd=budget, precision="bf16-autocast", compile=True,
+                strategy="ddp", activation_checkpointing=False)
+
+
+def depth(n: int):
+    return resolve_model(depth=n, preset_name=None, style=None, n_layer=None, d_model=None, n_head=None,
+                         n_kv_head=None, d_ff=None, vocab_size=None, seq_len=None)
+
+
+def test_depth_64_on_8xh100_shards_and_checkpoints_and_says_why(tmp_path: Path) -> None:
+    out = tmp_path / "plan.json"
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", "--gpu", "8xH100", "--budget", "1000",
+                        "--depth", "64", "--out", str(out)], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "300"})
+    assert r.returncode == 0, r.stderr
+    text = " ".join(r.stdout.split())
+    assert "d64 (13.4B params) does not fit with ddp: 324.84 GiB per GPU" in text
+    assert "ddp does not fit at all" in text and "Chosen: fsdp+AC at micro-batch 2" in text
+    assert "Do not fit even at micro-batch 1:" in text and "zero2+AC 115.55 GiB" in text
+    plan = load_plan(out)
+    assert plan.training.strategy == "fsdp" and plan.training.activation_checkpointing
+    assert plan.memory.fits and "does not fit" not in " ".join(plan.warnings)
+    v = subprocess.run([sys.executable, "-m", "planner.cli", "validate", str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert v.returncode == 0, v.stdout + v.stderr
+
+
+def test_the_choice_is_the_fastest_fitting_setting() -> None:
+    """Against brute force over build_plan: no fitting (strategy, AC, micro-batch) gives more tokens."""
+    spec = depth(40)
+    plan, why, _ = fit_model(spec, base(), strategy=None, ac=None)
+    assert plan.memory.fits and plan.training.strategy != "ddp" and why
+    best_tokens = 0
+    for st in STRATEGIES:
+        for ac in (False, True):
+            for b in (1, 2, 4, 8, 16, 32):
+                p = build_plan(PlanRequest.model_validate({**base(), "model": spec, "strategy": st,
+                                                           "activation_checkpointing": ac, "device_batch_size": b}))
+                if p.memory.fits:
+                    best_tokens = max(best_tokens, p.schedule.total_tokens)
+    assert plan.schedule.total_tokens == best_tokens
+    assert plan.training.strategy == "zero2" and not plan.training.activation_checkpointing  # fsdp ties: simpler
+
+
+def test_a_model_that_fits_under_ddp_is_left_alone() -> None:
+    plan, why, result = fit_model(depth(20), base(), strategy=None, ac=None)
+    assert (plan.training.strategy, plan.training.activation_checkpointing, why, result) == ("ddp", False, [], None)
+
+
+def test_pinned_choices_are_kept_and_the_fix_is_named() -> None:
+    spec = depth(64)
+    plan, why, _ = fit_model(spec, base(), strategy="zero2", ac=None)
+    assert plan.training.strategy == "zero2" and not plan.memory.fits
+    assert "fsdp+AC at micro-batch 2 would fit" in why[1] and "drop --strategy zero2" in why[1]
+    plan, why, _ = fit_model(spec, base(), strategy="ddp", ac=False)
+    assert not plan.memory.fits and why == []
+    plan, why, _ = fit_model(depth(40), base(), strategy="zero1", ac=None)
+    assert plan.training.strategy == "zero1" and plan.memory.fits
+
+
+def test_nothing_fits_anywhere_says_so() -> None:
+    assert "A100-40GB" in builtin_profiles()
+    plan, why, _ = fit_model(depth(64), base("A100-40GB", 100.0), strategy=None, ac=None)
+    assert not plan.memory.fits
+    assert "No strategy or checkpointing makes it fit here" in why[-1]

@@ -202,8 +202,11 @@ def save_torch_atomic(obj: Any, path: Path, *, fail_errno: int | None = None) ->
         os.replace(tmp, path)
     except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if w is not None and w.error is not None and not isinstance(e, OSError):
-            raise w.error from None
+        err = w.error if w is not None and w.error is not None and not isinstance(e, OSError) else e
+        if isinstance(err, OSError) and err.errno:    # name the checkpoint file, not its temp file
+            raise OSError(err.errno, err.strerror or os.strerror(err.errno), str(path)) from None
+        if err is not e:
+            raise err from None
         raise
     return {"sha256": w.sha.hexdigest(), "bytes": w.size}
 
@@ -334,7 +337,8 @@ def load_torch(path: Path, map_location: Any = "cpu") -> Any:
         why = next((x for x in lines if x and not x.startswith(boiler)), "")[:200]
         if not isinstance(e, (pickle.UnpicklingError, OSError)):
             why = f"{type(e).__name__}: {why}" if why else type(e).__name__
-        kind = ("holds pickled objects, not just tensors" if isinstance(e, pickle.UnpicklingError)
+        payload = isinstance(e, pickle.UnpicklingError) and "global" in str(e).lower()   # a class or function
+        kind = ("holds pickled objects, not just tensors" if payload
                 else "cannot be read" if isinstance(e, OSError) else "is not a torch checkpoint")
         raise PlanError(str(path), f"refused by torch.load(weights_only=True): it {kind} ({why})",
                         "it is not a nanoplan checkpoint; move it out of the run dir, or use another --run-dir") from None
@@ -381,7 +385,8 @@ def retain(run_dir: str | Path, keep_last: int) -> list[int]:
     the one best.json names and also the lowest val_loss among the metas (best.json may be
     stale). The only good checkpoint is never deleted: before deleting a complete one, a kept
     one must verify (checksums; normally the newest, just written); if none does, the newest
-    older one that verifies is kept as well.
+    older one that verifies is kept as well, and if no checkpoint verifies, no complete one is
+    deleted.
     """
     done = complete_steps(run_dir)
     if not done:
@@ -397,8 +402,7 @@ def retain(run_dir: str | Path, keep_last: int) -> list[int]:
     doomed = [s for s in list_steps(run_dir) if s not in keep and s < newest]
     if any(s in done for s in doomed) and not any(verify(step_dir(run_dir, s))[0] for s in sorted(keep, reverse=True)):
         good = next((s for s in reversed(doomed) if s in done and verify(step_dir(run_dir, s))[0]), None)
-        if good is not None:
-            keep.add(good)
+        keep |= {good} if good is not None else set(done)   # none verifies: delete no complete one
     deleted = []
     for s in list_steps(run_dir):
         if s in keep or s >= newest:

@@ -21,11 +21,17 @@ Loading goes through ``get_state_dict`` / ``set_state_dict``
 by another number of ranks, or by a plain unsharded model in one process.
 ``export_model_file`` turns ``dcp/model`` into one ``torch.save`` file of the GPT's state dict
 (``format_utils.dcp_to_torch_save``).
+
+DCP reads its shard files with ``torch.load(weights_only=True)`` but unpickles ``.metadata``
+with plain ``pickle.load``. Before any load, ``check_metadata`` reads each ``.metadata`` with an
+unpickler that only resolves DCP's own metadata classes (and torch.Size, dtypes, layouts,
+paths), so a forged one is refused before it can run anything.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -33,6 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from planner.errors import PlanError
 from runner.checkpoint import fsync_dir, sha256_file
 
 DCP_DIR = "dcp"
@@ -96,8 +103,42 @@ def _as_os_error(e: BaseException, where: Path) -> OSError:
     return OSError(0, str(e).splitlines()[0], str(where))
 
 
+_METADATA_GLOBALS = {("torch", "Size"), ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath"),
+                     ("pathlib", "PurePosixPath"), ("pathlib", "WindowsPath"), ("pathlib", "PureWindowsPath"),
+                     ("collections", "OrderedDict"), ("torch.distributed.checkpoint.filesystem", "_StorageInfo")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Resolves only what DCP's .metadata holds: torch.distributed.checkpoint.metadata classes,
+    torch.Size, dtypes, layouts and paths. Anything else (os.system, eval, ...) is refused."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        import torch.distributed.checkpoint.metadata as dcp_metadata
+
+        ok = ((module, name) in _METADATA_GLOBALS
+              or (module == dcp_metadata.__name__ and isinstance(getattr(dcp_metadata, name, None), type))
+              or (module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)))
+        if not ok:
+            raise pickle.UnpicklingError(f"global {module}.{name} is not DCP metadata")
+        return super().find_class(module, name)
+
+
+def check_metadata(dcp_dir: Path) -> None:
+    """Refuse (one-line PlanError) a DCP directory whose .metadata is not plain DCP metadata."""
+    path = dcp_dir / ".metadata"
+    try:
+        with open(path, "rb") as f:
+            _MetadataUnpickler(f).load()
+    except Exception as e:  # noqa: BLE001 - any failure to read an untrusted file is the same refusal
+        why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise PlanError(str(path), f"refused: it is not DCP checkpoint metadata ({why})",
+                        "it is not a nanoplan checkpoint; move it out of the run dir, or use another --run-dir") from None
+
+
 def load_shards(step_path: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
     """Collective: load model and optimizer state from step_path/dcp (resharding as needed)."""
+    check_metadata(step_path / MODEL_DIR)
+    check_metadata(step_path / OPTIM_DIR)
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
@@ -121,6 +162,7 @@ def export_model_file(step_path: Path, out: Path) -> dict[str, torch.Tensor]:
     os.close(fd)
     try:
         if has_shards(step_path):
+            check_metadata(step_path / MODEL_DIR)
             dcp_to_torch_save(step_path / MODEL_DIR, tmp)
         else:
             sd = torch.load(step_path / "model.pt", map_location="cpu", weights_only=True)

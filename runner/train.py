@@ -293,6 +293,8 @@ class Trainer:
             self.par.check_format(ckdir)
             try:
                 self.par.load_model(ckdir, d.device)
+            except PlanError:
+                raise                    # refused by torch.load(weights_only=True): it says so itself
             except (RuntimeError, KeyError, TypeError, ValueError) as e:
                 raise PlanError(str(ckdir / "model.pt"), f"does not fit this plan's model ({_first_line(e)})",
                                 "it is not this plan's checkpoint; use another --run-dir") from None
@@ -304,15 +306,25 @@ class Trainer:
         if ckdir is not None:
             ostate = ck.load_torch(ckdir / "optim_rank0.pt", d.device)
             try:
+                if not isinstance(ostate, dict):
+                    raise TypeError(f"it holds a {type(ostate).__name__}, not a dict")
                 self.par.load_optimizer(ckdir, ostate)
                 for s, st in zip(self.scheds, ostate["schedulers"], strict=True):
                     s.load_state_dict(st)
+            except PlanError:
+                raise                    # a refused DCP .metadata (runner/dcp.py)
             except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
                 raise PlanError(str(ckdir / "optim_rank0.pt"), f"does not fit this plan's optimizer ({_first_line(e)})",
                                 "it is not this plan's checkpoint; use another --run-dir") from None
             rng = ckdir / f"rng_rank{d.rank}.pt"
             if rng.exists():
-                ck.set_rng_state(ck.load_torch(rng))
+                try:
+                    ck.set_rng_state(ck.load_torch(rng))
+                except PlanError:
+                    raise
+                except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
+                    raise PlanError(str(rng), f"is not an RNG state ({_first_line(e)})",
+                                    "it is not this plan's checkpoint; use another --run-dir") from None
             old_data = (self.resume_meta.get("data") or {}).get("data_dir")
             if old_data and Path(old_data).resolve() != data_dir.resolve():
                 self.log(f"warning: the checkpoint was trained on {old_data}, this launch reads {data_dir}")

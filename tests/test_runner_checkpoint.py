@@ -115,7 +115,7 @@ def fake_complete(run_dir: Path, step: int) -> None:
 
 def test_retention_keeps_last_k_and_the_best(tmp_path: Path) -> None:
     for s in (10, 20, 30, 40, 50, 60):
-        fake_complete(tmp_path, s)
+        save(tmp_path, s)
     ck.step_dir(tmp_path, 35).mkdir()   # debris of a killed write
     ck.step_dir(tmp_path, 70).mkdir()   # a write in progress: newer than every complete one
     assert ck.update_best(tmp_path, 20, 1.5)
@@ -124,6 +124,44 @@ def test_retention_keeps_last_k_and_the_best(tmp_path: Path) -> None:
     assert ck.list_steps(tmp_path) == [20, 50, 60, 70]
     assert ck.retain(tmp_path, keep_last=1) == [50]
     assert ck.complete_steps(tmp_path) == [20, 60]
+
+
+def flip_a_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_retention_never_deletes_the_only_good_checkpoint(tmp_path: Path) -> None:
+    """The newest checkpoints are damaged (bit rot after they were written): the newest older one
+    that verifies is kept, whatever keep_last says, and it is the one a resume uses."""
+    for s in (1, 2, 3, 4):
+        save(tmp_path, s)
+    for s in (3, 4):
+        flip_a_byte(ck.step_dir(tmp_path, s) / "model.pt")
+    assert ck.retain(tmp_path, keep_last=1) == [1, 3]          # 4 is the newest: never deleted
+    assert ck.list_steps(tmp_path) == [2, 4]
+    assert ck.latest_good(tmp_path, lambda m: None)[0] == 2
+    save(tmp_path, 5)
+    flip_a_byte(ck.step_dir(tmp_path, 5) / "rng_rank0.pt")
+    flip_a_byte(ck.step_dir(tmp_path, 2) / "optim_rank0.pt")   # nothing verifies any more: nothing is deleted
+    assert ck.retain(tmp_path, keep_last=1) == [] and ck.list_steps(tmp_path) == [2, 4, 5]
+    save(tmp_path, 6)                                          # once a new one verifies, the damaged ones may go
+    assert ck.retain(tmp_path, keep_last=1) == [2, 4, 5] and ck.list_steps(tmp_path) == [6]
+
+
+def test_retention_keeps_the_best_by_validation_loss_without_best_json(tmp_path: Path) -> None:
+    """The best checkpoint is kept even when it is older than the last k and best.json is missing
+    or stale (it names a checkpoint that is gone): the lowest val_loss in the metas counts."""
+    for s, v in ((1, 3.0), (2, 1.0), (3, 2.0), (4, 2.5), (5, 2.6)):
+        save(tmp_path, s, val_loss=v)
+    assert ck.read_best(tmp_path) is None
+    assert ck.retain(tmp_path, keep_last=2) == [1, 3]
+    assert ck.list_steps(tmp_path) == [2, 4, 5]
+    (tmp_path / ck.BEST).write_text(json.dumps({"step": 99, "val_loss": 0.5, "path": "checkpoints/step_00000099"}))
+    save(tmp_path, 6, val_loss=2.7)
+    assert ck.retain(tmp_path, keep_last=1) == [4, 5]
+    assert ck.list_steps(tmp_path) == [2, 6] and ck.verify(ck.step_dir(tmp_path, 2)) == (True, "ok")
 
 
 def test_best_json_tracks_the_lowest_validation_loss(tmp_path: Path) -> None:

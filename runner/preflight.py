@@ -128,32 +128,38 @@ def check_run_dir_contained(run_dir: Path) -> str | None:
     return None
 
 
-def check_run_dir(run_dir: Path, storage_bytes: int) -> list[str]:
-    out = []
-    parent = _existing_parent(run_dir)
-    free = shutil.disk_usage(parent).free
-    if free < storage_bytes:
-        out.append(f"free disk at {parent} is {fmt_bytes(free)}, the plan's checkpoints need {fmt_bytes(storage_bytes)}; "
-                   "free space, lower --keep-last or pick another --run-dir")
+def _write_problem(run_dir: Path, parent: Path) -> str | None:
+    """Why run_dir cannot be created or written, found by really writing there (None when it can)."""
     if not run_dir.exists():
         if not parent.is_dir():
-            out.append(f"run dir {run_dir} cannot be created: {parent} is not a directory; pick another --run-dir")
-            return out
+            return f"run dir {run_dir} cannot be created: {parent} is not a directory; pick another --run-dir"
         try:   # a real probe: os.access says yes to root on read-only mounts and root-owned 0555 dirs
             os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".nanoplan-write-test."))
         except OSError as e:
-            out.append(f"run dir {run_dir} cannot be created ({parent} is not writable: {e.strerror}); "
-                       "pick another --run-dir")
-        return out
+            return f"run dir {run_dir} cannot be created ({parent} is not writable: {e.strerror}); pick another --run-dir"
+        return None
     if not run_dir.is_dir():
-        out.append(f"run dir {run_dir} is not a directory; pick another --run-dir")
-        return out
+        return f"run dir {run_dir} is not a directory; pick another --run-dir"
     try:
         with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-test."):
             pass
     except OSError as e:
-        out.append(f"run dir {run_dir} is not writable ({e.strerror}); pick another --run-dir")
-    return out
+        return f"run dir {run_dir} is not writable ({e.strerror}); pick another --run-dir"
+    return None
+
+
+def check_run_dir(run_dir: Path, storage_bytes: int) -> list[str]:
+    """Problems with the run dir: it cannot be written (then nothing else is checked), or its disk
+    has less free space than the plan's checkpoints need."""
+    parent = _existing_parent(run_dir)
+    bad = _write_problem(run_dir, parent)
+    if bad:
+        return [bad]
+    free = shutil.disk_usage(parent).free
+    if free < storage_bytes:
+        return [f"free disk at {parent} is {fmt_bytes(free)}, the plan's checkpoints need {fmt_bytes(storage_bytes)}; "
+                "free space, lower --keep-last or pick another --run-dir"]
+    return []
 
 
 def available_ram_bytes() -> int | None:

@@ -6,8 +6,12 @@
 - a kill inside a checkpoint write (after model.pt, after the optimizer file, before meta.json):
   the previous checkpoint is intact and is the one resumed from, and a watcher that polls the
   run dir during the run never sees an incomplete checkpoint listed as complete;
+- a truncated and a bit-flipped checkpoint: a relaunch names the file and the check that failed,
+  sets both aside and resumes from the newest good one;
 - SIGTERM to every process (launcher, torchrun, workers) and a second one during the final
   write: exit 0 within seconds, with a verified checkpoint;
+- a disk-full or I/O error in the middle of a checkpoint write: exit code 4 with one error line,
+  the previous checkpoint intact, and the next launch resumes from it;
 - a dollar budget on a simulated clock with slow checkpoint writes and a crash in the middle:
   the run stops before the budget with its final checkpoint written, and the resumed launch
   counts the time the crashed one spent, including the part after its last checkpoint.
@@ -21,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -200,6 +205,38 @@ def test_kill_inside_a_checkpoint_write_resumes_from_the_previous_one(tmp_path: 
     assert all(ck.verify(ck.step_dir(run, s))[0] for s in ck.complete_steps(run))
 
 
+# ---------------------------------------------------------------- 3. damaged checkpoints
+
+def test_damaged_checkpoints_are_named_and_the_resume_falls_back(tmp_path: Path, reliability_reference) -> None:
+    """The finished reference run, with its newest checkpoint truncated and the one before it
+    bit-flipped: a plain relaunch names both, resumes from the newest good one and finishes."""
+    plan, ref_run, ref = reliability_reference
+    run = tmp_path / "run"
+    shutil.copytree(ref_run, run)
+    *_, good, flipped, truncated = ck.complete_steps(run)
+    cut = ck.step_dir(run, truncated) / "optim_rank0.pt"
+    size = cut.stat().st_size
+    with open(cut, "r+b") as f:
+        f.truncate(size // 2)                       # a copy or a disk that lost the tail
+    rot = ck.step_dir(run, flipped) / "model.pt"
+    data = bytearray(rot.read_bytes())
+    data[len(data) // 2] ^= 0x10                    # one flipped bit, same size
+    rot.write_bytes(bytes(data))
+    r = torchrun(plan, run, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert (f"checkpoint step_{truncated:08d} is not usable: optim_rank0.pt has {size // 2} bytes, meta.json says "
+            f"{size}; falling back to the previous one") in r.stdout
+    assert f"checkpoint step_{flipped:08d} is not usable: model.pt fails its sha256 check" in r.stdout
+    assert f"resumed from {ck.step_dir(run, good)} (step {good}," in r.stdout
+    assert segments(run)[1]["resumed_from_step"] == good
+    assert_losses_continue_exactly(run, ref, good)
+    damaged = run / "checkpoints" / ".damaged"      # kept for inspection, out of the way of the new writes
+    assert sorted(p.name for p in damaged.iterdir()) == [f"step_{flipped:08d}", f"step_{truncated:08d}"]
+    assert not ck.verify(damaged / f"step_{truncated:08d}")[0]
+    assert json.loads((run / "stop.json").read_text())["reason"] == "total_steps"
+    assert all(ck.verify(ck.step_dir(run, s))[0] for s in ck.complete_steps(run))
+
+
 # ---------------------------------------------------------------- 4. SIGTERM to every process, twice
 
 def test_sigterm_to_every_process_twice_checkpoints_and_exits_0(tmp_path: Path, tiny_plan) -> None:
@@ -236,6 +273,52 @@ def test_sigterm_to_every_process_twice_checkpoints_and_exits_0(tmp_path: Path, 
     # torchrun allows (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before it would SIGKILL the workers
     assert took < 20, took
     assert not [p for p in pids if Path(f"/proc/{p}").exists()]
+
+
+# ---------------------------------------------------------------- 6. a failed write mid-run
+
+def nanoplan_run(plan: Path, run: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
+                          env=runner_env(**(env or {})), capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("fault,rank,errno_name,strerror,relaunch", [
+    ("enospc", 1, "ENOSPC", "No space left on device", True), ("eio", 0, "EIO", "Input/output error", False)])
+def test_a_failed_checkpoint_write_keeps_the_previous_one_and_stops_cleanly(
+        tmp_path: Path, tiny_plan, fault: str, rank: int, errno_name: str, strerror: str, relaunch: bool) -> None:
+    """The 3rd checkpoint write of `nanoplan run` fails part-way on one rank (disk full, I/O error):
+    exit code 4 and one error line, no traceback; the previous checkpoint is intact and the next
+    plain launch resumes from it (checked once: the relaunch is the same for both)."""
+    plan = tiny_plan(steps=30, checkpoint_every_minutes=EVERY_S / 60, keep_last=1000)
+    run = tmp_path / "run"
+    watcher = Watcher(run)
+    watcher.start()
+    r = nanoplan_run(plan, run, env={"NANOPLAN_FAULT": fault, "NANOPLAN_FAULT_AT": "3",
+                                     "NANOPLAN_FAULT_RANK": str(rank)})
+    watcher.finish()
+    assert r.returncode == 4, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr and "ChildFailedError" not in r.stderr, r.stderr
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    stop = json.loads((run / "stop.json").read_text())
+    failed, kept = stop["step"], ck.complete_steps(run)
+    assert stop["reason"] == "write_error" and stop["exit_code"] == 4 and stop["checkpoint"] is None
+    assert len(kept) == 2 and kept[-1] < failed                  # writes 1 and 2; write 3 never listed
+    assert ck.list_steps(run) == kept                             # its partial directory is gone
+    assert all(ck.verify(ck.step_dir(run, s)) == (True, "ok") for s in kept)
+    assert errors[0] == (f"error: checkpoint step_{failed:08d} could not be written: rank {rank}: {strerror} "
+                         f"[errno {errno_name}] (rng_rank{rank}.pt); stopped at step {failed}, step_{kept[-1]:08d} "
+                         "is the last checkpoint (free disk space or fix the run dir, then run the same command "
+                         "to resume)")
+    assert read_metrics(run)[-1]["step"] == failed                # it stopped at once
+    if not relaunch:
+        return
+    r = nanoplan_run(plan, run)                                   # the disk has room again
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resumed from {ck.step_dir(run, kept[-1])} (step {kept[-1]}," in r.stdout
+    rows = [x for x in read_metrics(run) if x["segment"] == 1]
+    assert [x["step"] for x in rows] == list(range(kept[-1] + 1, 31))
+    assert json.loads((run / "stop.json").read_text())["reason"] == "total_steps"
 
 
 # ---------------------------------------------------------------- 5. the budget guard

@@ -413,3 +413,153 @@ def test_a_linked_run_dir_itself_is_fine(tmp_path: Path, tiny_plan) -> None:
 
     pf = run_preflight(load_plan(tiny_plan()), "p.json", tmp_path / "run", None, False)
     assert pf.ok, pf.problems
+
+
+# ---------------------------------------------------------------- run dirs that cannot hold a run
+
+@pytest.mark.parametrize("where,words", [
+    ("afile/run", "run dir {tmp}/afile/run cannot be created: {tmp}/afile is not a directory"),
+    ("afile", "run dir {tmp}/afile is not a directory"),
+    ("/proc/nanoplan-run", "run dir /proc/nanoplan-run cannot be created (/proc is not writable: "),
+])
+def test_preflight_refuses_a_run_dir_it_cannot_write(tmp_path: Path, tiny_plan, where: str, words: str) -> None:
+    """Places that refuse writes even to root (a path through a regular file, /proc): the probe is
+    a real write, not a permission-bit check."""
+    if where.startswith("/proc") and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux /proc")
+    plan = tiny_plan()
+    (tmp_path / "afile").write_text("not a directory\n")
+    run = where if where.startswith("/") else str(tmp_path / where)
+    line = one_error_line(*nanoplan("run", str(plan), "--run-dir", run)[::2])
+    assert line.startswith("error: preflight: " + words.format(tmp=tmp_path)), line
+    assert line.endswith("pick another --run-dir (fix it, or pass --force to launch anyway)"), line
+    assert (tmp_path / "afile").read_text() == "not a directory\n"
+
+
+def test_preflight_refuses_a_disk_without_room(tmp_path: Path, tiny_plan) -> None:
+    """The CLI end of the free-space check (test_runner_cli checks the arithmetic): one line, nothing launched."""
+    import shutil
+
+    plan = tiny_plan()
+    need = json.loads(plan.read_text())["schedule"]["storage_bytes"]
+    full = shutil._ntuple_diskusage(total=10 * need, used=10 * need - need // 2, free=need // 2)
+    with mock.patch("runner.preflight.shutil.disk_usage", return_value=full):
+        line = one_error_line(*nanoplan("run", str(plan), "--run-dir", str(tmp_path / "run"))[::2])
+    assert line.startswith(f"error: preflight: free disk at {tmp_path} is "), line
+    assert "the plan's checkpoints need" in line and "lower --keep-last or pick another --run-dir" in line
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- checkpoints that are not ours
+
+class Payload:
+    """Unpickling this runs a shell command: what a hostile "checkpoint" would do."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        import os
+        import shlex
+
+        return os.system, (f"touch {shlex.quote(str(self.marker))}",)
+
+
+def reseal(ckdir: Path) -> None:
+    """Recompute meta.json's checksums, as a forger would, so that only torch.load can refuse."""
+    from runner import checkpoint as ck
+
+    meta = json.loads((ckdir / "meta.json").read_text())
+    for name in meta["files"]:
+        meta["files"][name] = {"sha256": ck.sha256_file(ckdir / name), "bytes": (ckdir / name).stat().st_size}
+    (ckdir / "meta.json").write_text(json.dumps(meta))
+    assert ck.verify(ckdir) == (True, "ok")
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> tuple[Path, Path]:
+    """(plan, run dir) of a 2-step one-process run with its checkpoint at step 2."""
+    d = tmp_path_factory.mktemp("finished")
+    plan = make_tiny_plan(d / "plan.json", tiny_data, steps=2, gpus=1)
+    r = subprocess.run([sys.executable, "-m", "runner.train", "--plan", str(plan), "--run-dir", str(d / "run")],
+                       capture_output=True, text=True, timeout=120, cwd=REPO, env=runner_env())
+    assert r.returncode == 0, r.stderr[-3000:]
+    return plan, d / "run"
+
+
+def _random_bytes(path: Path, marker: Path) -> None:
+    path.write_bytes(bytes(range(256)) * 37)
+
+
+def _json_file(path: Path, marker: Path) -> None:
+    path.write_text(json.dumps({"state": {"w": [1.0, 2.0]}, "note": "a JSON file renamed .pt"}))
+
+
+def _pickle_payload(path: Path, marker: Path) -> None:
+    import pickle
+
+    import torch
+
+    torch.save({"w": torch.ones(2), "hook": Payload(marker)}, path)
+    with pytest.raises(pickle.UnpicklingError):       # torch's own default refuses it ...
+        torch.load(path)
+    torch.load(path, weights_only=False)              # ... and it is live: a plain unpickle runs it
+    assert marker.exists()
+    marker.unlink()
+
+
+@pytest.mark.parametrize("name,forge,says", [
+    ("model.pt", _random_bytes, "it is not a torch checkpoint"),
+    ("optim_rank0.pt", _json_file, "it is not a torch checkpoint"),
+    ("model.pt", _pickle_payload, "it holds pickled objects, not just tensors (Trying to load unsupported GLOBAL"),
+])
+def test_a_checkpoint_file_that_is_not_ours_is_refused(tmp_path: Path, finished_run, name: str, forge, says: str) -> None:
+    """`nanoplan run --resume` on a checkpoint whose file was replaced and whose checksums were
+    recomputed: exit 2, one line naming the file, and nothing in the file is executed."""
+    import shutil
+
+    from runner import checkpoint as ck
+
+    plan, base = finished_run
+    run, marker = tmp_path / "run", tmp_path / "PAYLOAD-RAN"
+    shutil.copytree(base, run)
+    ckdir = ck.step_dir(run, 2)
+    forge(ckdir / name, marker)
+    reseal(ckdir)
+    r = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run), "--resume"],
+                       capture_output=True, text=True, timeout=120, cwd=REPO, env=runner_env())
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "Traceback" not in r.stderr, r.stderr
+    errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
+    assert len(errors) == 1, r.stderr
+    assert errors[0].startswith(f"error: {ckdir / name}: refused by torch.load(weights_only=True): {says}"), errors[0]
+    assert errors[0].endswith("(it is not a nanoplan checkpoint; move it out of the run dir, or use another --run-dir)")
+    assert not marker.exists()
+    assert ck.verify(ckdir) == (True, "ok")           # refused, not mistaken for damage and set aside
+
+
+def test_a_dcp_metadata_pickle_payload_is_refused(tmp_path: Path) -> None:
+    """zero2/fsdp checkpoints: DCP unpickles .metadata without weights_only, so runner.dcp checks it first."""
+    import pickle
+    import warnings
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    from planner.errors import PlanError
+    from runner.dcp import check_metadata
+
+    good, bad, marker = tmp_path / "good", tmp_path / "bad", tmp_path / "PAYLOAD-RAN"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")                # "assuming the intent is to save in a single process"
+        dcp.save({"w": torch.ones(3), "step": 3}, checkpoint_id=good)
+    check_metadata(good)                               # DCP's own metadata passes
+    bad.mkdir()
+    (bad / ".metadata").write_bytes(pickle.dumps(Payload(marker)))
+    with pytest.raises(PlanError) as e:
+        check_metadata(bad)
+    assert str(e.value).startswith(f"{bad / '.metadata'}: refused: it is not DCP checkpoint metadata "
+                                   "(global posix.system is not DCP metadata)")
+    assert not marker.exists()
+    pickle.loads((bad / ".metadata").read_bytes())     # the payload is live
+    assert marker.exists()

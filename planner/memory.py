@@ -25,8 +25,10 @@ not exist yet (unless accumulated or held in DDP's bucket).
 
 Data parallelism: one rank's DDP state (gradient_as_bucket_view: a persistent bucket; under
 no_sync, fresh gradients beside it). zero1/zero2/fsdp: the DDP-state step with optimizer state
-(zero1+), gradients (zero2, fsdp) and parameters (fsdp) divided by dp, plus two gathered
-layers for fsdp: an analytic division (sharded runner support comes later).
+(zero1+), gradients (zero2, fsdp) and parameters (fsdp) divided by dp, plus what sharding
+holds beyond even shares (sharded_extra: fsdp's two gathered layers, zero2's gathered
+parameters beside its shard). An analytic division; tests/test_shard_state.py checks the
+runner's real per-rank state.
 
 Not modelled (the profile's overhead terms; assumptions until measured on a GPU): CUDA
 context, NCCL buffers, cuBLAS and flash-attention workspaces, allocator fragmentation.

@@ -871,6 +871,7 @@ def fsdp_gathered_bytes(spec: ModelSpec, w: int) -> int:
     return 2 * ((c.attention + c.mlp) // max(spec.n_layer, 1) + 2 * norm_params(spec)) * w
 
 
+@lru_cache(maxsize=4096)
 def sharded_extra(strategy: str, spec: ModelSpec, w: int, dp: int) -> tuple[str, int]:
     """(category, bytes) a sharded rank holds beyond its even shares during the step.
 

@@ -78,7 +78,7 @@ def comm_model(cfg: StepConfig, num_gpus: int, gpu: bool = True) -> CommModel:
 
 def exposed_seconds(cm: CommModel, bytes_per_s: float, compute: float, grad_accum: int) -> float:
     """Communication time the step cannot hide: compute is the whole step's compute time."""
-    if bytes_per_s <= 0 or cm == CommModel():
+    if bytes_per_s <= 0:
         return 0.0
     out = cm.exposed_bytes / bytes_per_s
     if cm.step_bytes:

@@ -184,9 +184,12 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
         steps = ck.list_steps(run_dir)
         restarted = ck._restart_count() > 0
         restart_h = _restart_carry_h(run_dir, clock)
-        if not steps:
+        if not ck.complete_steps(run_dir):     # nothing, or only writes killed before meta.json
             if resume and not restarted:
                 raise PlanError("--resume", f"{run_dir} has no checkpoint to resume from", "drop --resume to start a new run")
+            for s in steps:
+                ck.set_aside(run_dir, s)
+                log(f"removed step_{s:08d}: a checkpoint write that did not finish (no meta.json)")
             return {"step": None, "carried_hours": restart_h}
         found = ck.latest_good(run_dir, log)
         if found is None:
@@ -334,6 +337,9 @@ class Trainer:
 
         carried_h = float(decision.get("carried_hours") or 0.0)
         b = plan.budget
+        if ckdir is None and carried_h > 0:
+            self.log(f"no checkpoint to resume from: starting over, with {carried_h * 60:.2f} min and "
+                     f"${carried_h * b.usd_per_hour:.2f} carried from the crashed launch")
         self.usd_per_hour = b.usd_per_hour
         self.guard = BudgetGuard(deadline_seconds(plan.request.hours, plan.request.budget_usd, b.usd_per_hour),
                                  carried_s=carried_h * 3600.0, ckpt_bytes=plan.schedule.checkpoint_bytes)

@@ -5,7 +5,8 @@
   exactly;
 - a kill inside a checkpoint write (after model.pt, after the optimizer file, before meta.json):
   the previous checkpoint is intact and is the one resumed from, and a watcher that polls the
-  run dir during the run never sees an incomplete checkpoint listed as complete;
+  run dir during the run never sees an incomplete checkpoint listed as complete; a kill inside
+  the first write leaves only debris, and the restart starts over;
 - a truncated and a bit-flipped checkpoint: a relaunch names the file and the check that failed,
   sets both aside and resumes from the newest good one;
 - SIGTERM to every process (launcher, torchrun, workers) and a second one during the final
@@ -203,6 +204,26 @@ def test_kill_inside_a_checkpoint_write_resumes_from_the_previous_one(tmp_path: 
     if partial[0] in ck.complete_steps(run):          # the same step may be written again, by the new launch
         assert ck.read_meta(ck.step_dir(run, partial[0]))["segment"] == 1
     assert all(ck.verify(ck.step_dir(run, s))[0] for s in ck.complete_steps(run))
+
+
+def test_kill_inside_the_first_checkpoint_write_starts_over(tmp_path: Path, reliability_reference) -> None:
+    """The very first write dies after model.pt: there is no checkpoint yet, only debris. The restart
+    removes it and starts over (it used to refuse: "holds checkpoints but none is intact"), counting
+    the time the crashed launch spent."""
+    plan, _, ref = reliability_reference
+    run = tmp_path / "run"
+    proc = launch(plan, run, max_restarts=1, env={"NANOPLAN_FAULT": "after_model", "NANOPLAN_FAULT_AT": "1"})
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        kill_tree(proc)
+    assert proc.returncode == 0, err[-3000:]
+    assert "removed step_00000001: a checkpoint write that did not finish (no meta.json)" in out
+    assert "no checkpoint to resume from: starting over, with " in out
+    segs = segments(run)
+    assert [s["restart_count"] for s in segs] == [0, 1] and segs[1]["resumed_from_step"] is None
+    assert segs[1]["carried_hours"] > max(x["elapsed_hours"] for x in read_metrics(run) if x["segment"] == 0) > 0
+    assert_losses_continue_exactly(run, ref, 0)
 
 
 # ---------------------------------------------------------------- 3. damaged checkpoints

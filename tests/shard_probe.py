@@ -59,7 +59,7 @@ def main() -> None:
     dist.all_reduce(out, op=dist.ReduceOp.MAX)           # the largest rank (ZeRO splits whole tensors)
     if dist.get_rank() == 0:
         Path(sys.argv[2]).write_text(json.dumps(dict(zip(("parameters", "gradients", "optimizer_state"),
-                                                         map(int, out.tolist())))))
+                                                         map(int, out.tolist()), strict=True))))
     dist.destroy_process_group()
 
 

@@ -27,6 +27,7 @@ GRID = [
     ("llama", 3, 128, 1024, 2, 0, "fp32", True, "adamw", 2, 2, "ddp"),
     ("llama", 4, 128, 2048, 2, 128, "bf16-autocast", False, "adamw", 1, 4, "zero2"),
     ("nanochat", 3, 128, 1024, 2, 0, "bf16-autocast", False, "adamw", 2, 4, "fsdp"),
+    ("gpt2", 3, 128, 1024, 2, 0, "bf16-autocast", True, "muon", 2, 4, "zero1"),
 ]
 
 

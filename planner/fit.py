@@ -12,30 +12,29 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.build import build_plan
+from planner.build import build_plan, hardware_of
 from planner.memory import STRATEGIES
 from planner.plan import Plan, PlanRequest
-from planner.search import Candidate, Length, SearchResult, _min_memory, request_for, search, settings_from
+from planner.profiles import Hardware
+from planner.search import Candidate, SearchResult, _min_memory, length_from, request_for, search, settings_from
 from planner.spec import ModelSpec
 from planner.units import fmt_bytes, fmt_count
-
-_DEFAULT_STRATEGY = "ddp"
 
 
 def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac: bool | None,
               plan_path: str = "plan.json") -> tuple[Plan, list[str], SearchResult | None]:
     """The plan for `spec`, plus why its strategy/checkpointing were chosen (empty if nothing changed).
 
-    `strategy`/`ac` are the user's choices, None when left open. The simplest setting is kept
-    when it fits; otherwise the open dimensions are searched.
+    `strategy`/`ac` are the user's choices, None when left open (then `base`'s simplest
+    setting, the CLI's ddp without checkpointing, stands). That setting is kept when it fits;
+    otherwise the open dimensions are searched.
     """
-    first = dict(base, strategy=strategy or _DEFAULT_STRATEGY, activation_checkpointing=bool(ac))
-    plan = build_plan(PlanRequest.model_validate({**first, "model": spec}), plan_path=plan_path)
+    pinned = {k: v for k, v in (("strategy", strategy), ("activation_checkpointing", ac)) if v is not None}
+    plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
     if plan.memory.fits or (strategy is not None and ac is not None):
         return plan, [], None
-    hw = plan_hardware(base)
-    length = Length(budget_usd=base.get("budget_usd"), hours=base.get("hours"), steps=base.get("steps"))
-    result = search([spec], hw, length, settings_from(base), objective="throughput",
+    hw = hardware_of(plan.request)
+    result = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
                     strategies=(strategy,) if strategy else STRATEGIES,
                     ac_options=(ac,) if ac is not None else (False, True),
                     device_batch=base.get("device_batch_size"))
@@ -43,30 +42,23 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
         chosen = build_plan(request_for(c, {k: v for k, v in base.items() if k != "model"}), plan_path=plan_path)
         if chosen.memory.fits:
             return chosen, explain_fit(result, c, plan), result
-    return plan, nothing_fits_with(spec, base, plan, strategy, ac, length), result
+    return plan, nothing_fits_with(spec, base, hw, plan, strategy, ac), result
 
 
-def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], simplest: Plan, strategy: str | None,
-                      ac: bool | None, length: Length) -> list[str]:
+def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], hw: Hardware, simplest: Plan, strategy: str | None,
+                      ac: bool | None) -> list[str]:
     """When the user's pinned choice leaves nothing that fits: say what would."""
     pinned = ", ".join(x for x in (f"--strategy {strategy}" if strategy else "",
                                    "" if ac is None else f"--{'' if ac else 'no-'}activation-checkpointing") if x)
     head = (f"{spec.name} does not fit with {pinned or 'any strategy or checkpointing'} at any micro-batch "
             f"({fmt_bytes(simplest.memory.per_gpu_bytes)} per GPU at micro-batch {simplest.training.device_batch_size}).")
-    hw = plan_hardware(base)
-    free = search([spec], hw, length, settings_from(base), objective="throughput",
+    free = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
                   device_batch=base.get("device_batch_size"))
     if free.best is None:
         return [head, "No strategy or checkpointing makes it fit here: use more or bigger GPUs or a smaller model."]
     b = free.best
     return [head, f"{b.settings_label} at micro-batch {b.device_batch} would fit ({fmt_bytes(b.mem_bytes)} per GPU): "
                   f"drop {pinned} to let nanoplan choose."]
-
-
-def plan_hardware(base: dict[str, Any]) -> Any:
-    from planner.profiles import parse_gpu_spec  # noqa: PLC0415
-
-    return parse_gpu_spec(base["gpu"], profile=base["profile"], provider=base.get("provider"), price=base.get("price"))
 
 
 def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[str]:

@@ -613,6 +613,11 @@ def settings_from(base: dict[str, Any]) -> Settings:
                     max_epochs=base.get("max_epochs") or FRESH_EPOCHS)
 
 
+def length_from(base: dict[str, Any]) -> Length:
+    """The run's length from PlanRequest fields (exactly one of budget_usd, hours, steps)."""
+    return Length(budget_usd=base.get("budget_usd"), hours=base.get("hours"), steps=base.get("steps"))
+
+
 def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, seq_len: int | None = None,
                vocab_size: int | None = None, style: str | None = None, plan_path: str = "plan.json",
                console: Any = None) -> Plan:
@@ -621,8 +626,7 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
         raise PlanError("--top", f"must be >= 0, got {top}")
     hw = parse_gpu_spec(base["gpu"], profile=base["profile"], provider=base.get("provider"), price=base.get("price"))
     models = depth_ladder(style or "nanochat", seq_len=seq_len or 2048, vocab_size=vocab_size)
-    length = Length(budget_usd=base.get("budget_usd"), hours=base.get("hours"), steps=base.get("steps"))
-    result = search(models, hw, length, settings_from(base), objective=objective,
+    result = search(models, hw, length_from(base), settings_from(base), objective=objective,
                     device_batch=base.get("device_batch_size"))
     if result.best is None:
         raise nothing_fits(result)

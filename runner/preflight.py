@@ -57,18 +57,6 @@ def check_data(plan: Plan, data_dir: Path) -> DataMeta:
     return meta
 
 
-SUPPORTED_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")
-
-
-def check_supported(plan: Plan) -> str | None:
-    """A plan setting the runner does not implement yet, or None."""
-    st = plan.training.strategy
-    if st not in SUPPORTED_STRATEGIES:
-        return (f"strategy {st} is not implemented by the runner yet (it runs plain DDP, which needs more memory "
-                "than this plan assumes); re-plan with --strategy ddp")
-    return None
-
-
 def check_resume(plan: Plan, run_dir: Path, resume: bool) -> str | None:
     """A problem with resuming in run_dir (plan hash of its newest complete checkpoint), or None."""
     done = complete_steps(run_dir)
@@ -210,9 +198,6 @@ def run_preflight(plan: Plan, plan_path: str | Path, run_dir: Path, data_overrid
                   resume: bool) -> Preflight:
     """Every check; collects problems instead of stopping at the first."""
     pf = Preflight()
-    unsupported = check_supported(plan)
-    if unsupported:
-        pf.problems.append(unsupported)
     if not plan.memory.fits:
         pf.problems.append(f"the plan does not fit: {fmt_bytes(plan.memory.per_gpu_bytes)} per GPU > "
                            f"{fmt_bytes(plan.memory.capacity_bytes)}; re-plan with a smaller batch or another strategy")

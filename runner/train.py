@@ -37,7 +37,7 @@ from runner.display import Display
 from runner.metrics import RUN_INFO, STOP, MetricsLog, mfu, read_json, read_metrics, update_run_info, write_json
 from runner.model import GPT
 from runner.parallel import full_value, parallelize
-from runner.preflight import check_data, check_run_dir_contained, check_supported, resolve_data_dir
+from runner.preflight import check_data, check_run_dir_contained, resolve_data_dir
 from runner.step import autocast, build_optimizer, train_step
 
 EXIT_OK, EXIT_USAGE, EXIT_NAN, EXIT_WRITE = 0, 2, 3, 4
@@ -253,9 +253,6 @@ class Trainer:
         self.accum = grad_accum_for(plan, d.world_size, self.args.force)
         self.tokens_per_step = tr.device_batch_size * tr.seq_len * self.accum * d.world_size
         self.total_steps = plan.schedule.total_steps
-        unsupported = check_supported(plan)
-        if unsupported and not self.args.force:
-            raise PlanError("plan", unsupported, "or --force to run it as DDP")
         data_dir = resolve_data_dir(plan, self.args.data, self.args.plan)
         check_data(plan, data_dir)
         self.data_dir = data_dir

@@ -49,6 +49,7 @@ from planner.build import build_plan  # noqa: E402
 from planner.calibrate import Measurement, calibrate_profile, fitted_mfu, rel_err, write_profile  # noqa: E402
 from planner.errors import PlanError  # noqa: E402
 from planner.plan import Plan, PlanRequest, atomic_write_text  # noqa: E402
+from planner.probe import measurement_of  # noqa: E402
 from planner.profiles import HardwareProfile, find_profile  # noqa: E402
 from planner.spec import ModelSpec, nanochat, preset  # noqa: E402
 
@@ -92,6 +93,7 @@ def run_point(plan: Plan, device: Any, warmup: int, steps: int) -> dict[str, Any
     """Train `warmup + steps` steps of the plan with the runner's code; time and measure them."""
     import torch
 
+    from runner.memstats import cuda_memory
     from runner.step import build_optimizer, train_step
     from runner.train import build_model
 
@@ -124,12 +126,7 @@ def run_point(plan: Plan, device: Any, warmup: int, steps: int) -> dict[str, Any
                            "max_memory_allocated_warmup": warm_alloc, "mem_get_info_free": None,
                            "mem_get_info_total": None, "device_used_bytes": None, "non_allocator_bytes": None}
     if cuda:
-        free, total = torch.cuda.mem_get_info(device)
-        reserved_now = torch.cuda.memory_reserved(device)
-        rec.update(max_memory_allocated=torch.cuda.max_memory_allocated(device),
-                   max_memory_reserved=torch.cuda.max_memory_reserved(device), mem_get_info_free=free,
-                   mem_get_info_total=total, device_used_bytes=total - free,
-                   non_allocator_bytes=total - free - reserved_now)
+        rec.update(cuda_memory(device))
     del model, raw, opt, x, y, it
     _cleanup(torch, cuda)
     return rec
@@ -166,16 +163,10 @@ def summarise(plan: Plan, rec: dict[str, Any], label: str) -> dict[str, Any]:
 
 
 def to_measurement(plan: Plan, row: dict[str, Any], device_name: str, date: str) -> Measurement:
-    return Measurement(
-        run_dir=f"gpu_suite/{row['label']}", model=plan.model.name, n_params=plan.model.n_params, num_gpus=1, nodes=1,
-        device=device_name, date=date, compiled=plan.training.compile, steps_logged=row["timed_steps"],
-        steps_used=row["timed_steps"], first_step_used=0, tokens_per_sec=row["tokens_per_sec"], mfu=row["mfu"],
-        fitted_mfu=row["fitted_mfu"], max_memory_allocated=row["max_memory_allocated"],
-        max_memory_reserved=row["max_memory_reserved"], predicted_tokens_per_sec=row["predicted_tokens_per_sec"],
-        predicted_mfu=row["predicted_mfu"], predicted_effective_mfu=row["predicted_effective_mfu"],
-        predicted_memory_bytes=row["predicted_memory_bytes"], predicted_allocated_bytes=row["predicted_allocated_bytes"],
-        plan=plan,
-    )
+    return measurement_of(plan, label=f"gpu_suite/{row['label']}", tokens_per_sec=row["tokens_per_sec"],
+                          steps=row["timed_steps"], device=device_name, date=date,
+                          max_memory_allocated=row["max_memory_allocated"],
+                          max_memory_reserved=row["max_memory_reserved"])
 
 
 def _gib(b: int | None) -> str:

@@ -10,8 +10,10 @@ else RUN_DIR/plan.json; its hash should match run_info.json's plan_hash), and:
 - measures tokens/s as the median of the kept steps' tokens_per_sec (robust to the odd slow
   step), model-FLOPs MFU = tokens/s × FLOPs/token ÷ (GPUs × peak), and the peak of
   max_memory_allocated / max_memory_reserved;
-- fits the MFU the planner needs to predict that tokens/s exactly (`fitted_mfu`: the
-  planner's MFU also pays for recompute and exposed communication, see throughput.py);
+- fits the MFU the planner needs to predict that tokens/s exactly (`fitted_mfu`: it inverts
+  throughput.py's step time, in which only the compute and Muon's Newton–Schulz matmuls scale
+  with 1/MFU; the optimizer's memory traffic, the per-micro-step costs and the communication
+  are fixed by bytes, bandwidths and launch counts);
 - writes a profile derived from the base one: one MfuPoint per distinct model size (from its
   runs on the fewest GPUs), default_mfu = median of the points, an effective link bandwidth
   when a model ran on one GPU and on several, and the fragmentation overhead
@@ -32,11 +34,20 @@ from typing import Any
 
 import yaml
 
-from planner.build import build_plan, step_config
+from planner.build import build_plan, hardware_of, step_config
 from planner.errors import PlanError
 from planner.plan import Plan, atomic_write_text, load_plan
 from planner.profiles import HardwareProfile, MfuPoint, Overheads, load_profile_file
-from planner.throughput import LINK_EFFICIENCY, CommModel, comm_model, exposed_seconds
+from planner.throughput import (
+    LINK_EFFICIENCY,
+    CommModel,
+    Throughput,
+    comm_model,
+    estimate_throughput,
+    exposed_seconds,
+    link_bytes_per_s,
+    step_seconds_at,
+)
 
 METRICS = "metrics.jsonl"
 RUN_INFO = "run_info.json"
@@ -260,11 +271,15 @@ def _run_date(run_dir: Path, info: dict[str, Any]) -> str:
     return _dt.datetime.fromtimestamp(mtime, tz=_dt.timezone.utc).date().isoformat()
 
 
-def _plan_comm(plan: Plan) -> tuple[CommModel, int]:
-    """The plan's communication model and grad-accumulation steps (planner.throughput)."""
-    tr = plan.training
-    cfg = step_config(plan.request, tr.device_batch_size, plan.hardware.num_gpus)
-    return comm_model(cfg, plan.hardware.num_gpus, gpu=plan.request.profile.kind == "gpu"), tr.grad_accum_steps
+def _plan_step(plan: Plan, mfu: float | None = None) -> tuple[Throughput, CommModel, float, int]:
+    """The planner's step-time terms for the plan's configuration at `mfu` (default: the plan's), its
+    communication model, link bytes/s (0 on one GPU) and grad-accumulation steps (planner.throughput)."""
+    req = plan.request
+    hw = hardware_of(req)
+    cfg = step_config(req, plan.training.device_batch_size, hw.num_gpus)
+    tp = estimate_throughput(cfg, hw, mfu=plan.throughput.mfu if mfu is None else mfu)
+    bw = link_bytes_per_s(hw) if hw.num_gpus > 1 else 0.0
+    return tp, comm_model(cfg, hw.num_gpus, gpu=req.profile.kind == "gpu"), bw, cfg.grad_accum_steps
 
 
 def _solve_decreasing(f: Callable[[float], float], target: float, lo: float, hi: float) -> float:
@@ -278,23 +293,22 @@ def _solve_decreasing(f: Callable[[float], float], target: float, lo: float, hi:
     return math.sqrt(lo * hi)
 
 
-def fitted_mfu(plan: Plan, tokens_per_sec: float) -> float:
-    """The MFU that makes the planner's step-time model give `tokens_per_sec` for this plan.
+MIN_MFU = 1e-9
 
-    The planner's step time is compute(mfu) + exposed communication (throughput.exposed_seconds),
-    with compute ∝ 1/mfu and the bytes fixed by the link model; solve it for the measured step.
+
+def fitted_mfu(plan: Plan, tokens_per_sec: float) -> float:
+    """The MFU at which the planner's step-time model gives `tokens_per_sec` for this plan.
+
+    throughput.step_seconds_at(mfu) = compute/mfu-scaled + Newton–Schulz/mfu-scaled + fixed + exposed
+    communication falls as the MFU rises (exposure falls at most as fast as compute rises); solve it
+    for the measured step. A step shorter than the model allows even at MFU 1 gives 1.0.
     """
-    tp = plan.throughput
     step = plan.schedule.tokens_per_step / tokens_per_sec
-    cm, accum = _plan_comm(plan)
-    bw = tp.comm_seconds and cm.total(accum) / tp.comm_seconds
-    if not bw:
-        compute = step
-    elif tp.comm_seconds >= step:      # slower than even unhidden communication allows
-        compute = 1e-12
-    else:   # c + exposed(c) rises with c (exposure falls at most as fast): solve it = step
-        compute = _solve_decreasing(lambda c: step - c - exposed_seconds(cm, bw, c, accum), 0.0, 1e-12, step)
-    return min(1.0, tp.mfu * tp.compute_seconds / compute)
+    tp, cm, bw, accum = _plan_step(plan)
+    at = lambda m: step_seconds_at(tp, cm, bw, accum, m)  # noqa: E731
+    if at(1.0) >= step:
+        return 1.0
+    return _solve_decreasing(at, step, MIN_MFU, 1.0)
 
 
 def measure_run(run_dir: str | Path, skip_steps: int = DEFAULT_SKIP_STEPS) -> Measurement:
@@ -382,22 +396,21 @@ def fit_mfu_curve(base: HardwareProfile, runs: list[Measurement]) -> list[MfuPoi
 def implied_link_gb_s(m: Measurement, mfu_base: float, base: HardwareProfile) -> float | None:
     """Nominal link GB/s (before throughput.LINK_EFFICIENCY) that explains a multi-GPU run's step time.
 
-    With compute fixed by the model's single-GPU MFU, the rest of the measured step is exposed
-    communication (throughput.exposed_seconds, which falls as the link gets faster): solve it
-    for the bandwidth. None when the run has no communication or the step leaves none exposed
-    (the link is then not the limit).
+    With compute fixed by the model's single-GPU MFU, what the measured step holds beyond the
+    planner's compute, optimizer and per-micro-step terms is exposed communication
+    (throughput.exposed_seconds, which falls as the link gets faster): solve it for the bandwidth.
+    None when the run has no communication or the step leaves none exposed (the link is then not
+    the limit).
     """
-    tp, plan = m.plan.throughput, m.plan
-    if m.num_gpus <= 1 or tp.comm_seconds <= 0:
+    plan = m.plan
+    if m.num_gpus <= 1 or plan.throughput.comm_seconds <= 0:
         return None
-    mfu_plan = mfu_base / _peak_ratio(base, plan)
-    compute = tp.compute_seconds * tp.mfu / mfu_plan
+    tp, cm, _, accum = _plan_step(plan, mfu=min(1.0, mfu_base / _peak_ratio(base, plan)))
     step = plan.schedule.tokens_per_step / m.tokens_per_sec
-    exposed = step - compute
-    cm, accum = _plan_comm(plan)
-    if exposed <= 0 or exposed_seconds(cm, 1e30, compute, accum) >= exposed:
+    exposed = step - (tp.step_seconds - tp.exposed_comm_seconds)
+    if exposed <= 0 or exposed_seconds(cm, 1e30, tp.compute_seconds, accum) >= exposed:
         return None
-    bw = _solve_decreasing(lambda b: exposed_seconds(cm, b, compute, accum), exposed, 1e-3, 1e18)
+    bw = _solve_decreasing(lambda b: exposed_seconds(cm, b, tp.compute_seconds, accum), exposed, 1e-3, 1e18)
     return bw / 1e9 / LINK_EFFICIENCY
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from planner.errors import PlanError
 from planner.profiles import Hardware, parse_gpu_spec
-from planner.search import Candidate, Length, Settings, objective_key, search
+from planner.search import VALUE_TOL, Candidate, Length, Settings, objective_key, search
 from planner.spec import ModelSpec
 from planner.units import GiB, fmt_count
 
@@ -53,25 +53,52 @@ class Comparison:
     seconds: float
 
 
-def _hardware(gpu: str, provider: str | None) -> tuple[Hardware, str]:
-    """Parse a GPU spec; fall back to the profile's default price where `provider` has none."""
-    hw = parse_gpu_spec(gpu)
+def _hardware(gpu: str, provider: str | None, prices: dict[str, tuple[float, str]] | None = None
+              ) -> tuple[Hardware, str]:
+    """Parse a GPU spec with its price: yours (--price), the provider's, or the profile's default."""
+    hw = parse_gpu_spec(gpu, option="--gpus", profile_hint=False)
+    if prices:
+        mine = prices.get(hw.profile.name.lower()) or prices.get("*")
+        if mine is not None:
+            return parse_gpu_spec(gpu, provider=provider, price=mine[0], price_per=mine[1], option="--gpus",
+                                  profile_hint=False), ""
     if provider is None:
         return hw, ""
     if any(p.provider.lower() == provider.lower() for p in hw.profile.prices):
-        return parse_gpu_spec(gpu, provider=provider), ""
+        return parse_gpu_spec(gpu, provider=provider, option="--gpus", profile_hint=False), ""
     return hw, f"no {provider} price; {hw.provider}'s used"
 
 
+def parse_prices(text: str | None) -> dict[str, tuple[float, str]] | None:
+    """--price for compare: '2.5' (every configuration) or 'H100=2.49,B200=5.99' (per GPU type; '/h/node' allowed)."""
+    if text is None:
+        return None
+    from planner.profiles import find_profile  # noqa: PLC0415
+    from planner.units import parse_price  # noqa: PLC0415
+
+    out: dict[str, tuple[float, str]] = {}
+    for part in (x.strip() for x in text.split(",") if x.strip()):
+        name, eq, value = part.rpartition("=")
+        if not eq:
+            out["*"] = parse_price(part, "--price")
+            continue
+        prof = find_profile(name.strip(), "--price", profile_hint=False)
+        out[prof.name.lower()] = parse_price(value, "--price")
+    if not out:
+        raise PlanError("--price", f"cannot read {text!r}", "use e.g. --price 2.5 or --price H100=2.49,B200=5.99")
+    return out
+
+
 def compare(gpus: Sequence[str], models: Sequence[ModelSpec], length: Length, settings: Settings = Settings(), *,
-            objective: str = "loss", provider: str | None = None) -> Comparison:
+            objective: str = "loss", provider: str | None = None,
+            prices: dict[str, tuple[float, str]] | None = None) -> Comparison:
     """Search each configuration; mark the best, the cheapest and the fastest to the reference job."""
     import time  # noqa: PLC0415
 
     t0 = time.perf_counter()
     if not gpus:
         raise PlanError("--gpus", "no GPU configurations given", f"e.g. --gpus {','.join(DEFAULT_GPUS[:3])}")
-    parsed = [(g, *_hardware(g, provider)) for g in gpus]   # bad specs fail here, before any search
+    parsed = [(g, *_hardware(g, provider, prices)) for g in gpus]   # bad specs fail here, before any search
     if provider is not None and all(note for _, _, note in parsed):
         raise PlanError("--provider", f"none of {', '.join(gpus)} has a {provider!r} price",
                         "see nanoplan profiles for the providers of each GPU")
@@ -92,6 +119,10 @@ def compare(gpus: Sequence[str], models: Sequence[ModelSpec], length: Length, se
     ref_model = ref_tokens = None
     if found:
         top = min(found, key=lambda r: objective_key(objective, r.best))  # type: ignore[arg-type]
+        if objective == "value":   # the cheapest row within VALUE_TOL of the lowest loss among the rows
+            floor = min(r.best.loss for r in found)  # type: ignore[union-attr]
+            top = min((r for r in found if r.best.loss <= floor * (1 + VALUE_TOL)),  # type: ignore[union-attr]
+                      key=lambda r: (r.best.usd, r.best.loss))  # type: ignore[union-attr]
         top.is_best = True
         ref_model, ref_tokens = top.best.spec, top.best.tokens  # type: ignore[union-attr]
         for r in rows:
@@ -192,12 +223,38 @@ def _ref_label(cmp: Comparison) -> str:
     return f"{cmp.ref_model.name} on {fmt_count(cmp.ref_tokens)} tokens"
 
 
+def prices_used(cmp: Comparison) -> str:
+    """Whose prices the rows use: 'modal prices (2026-01)', or the mix, most common first."""
+    seen: dict[tuple[str, str], list[str]] = {}
+    for r in cmp.rows:
+        if r.hw is not None:
+            seen.setdefault((r.hw.provider, r.hw.price_date), []).append(r.hw.profile.name)
+    if not seen:
+        return "no prices"
+    order = sorted(seen.items(), key=lambda kv: -len(kv[1]))
+    (prov, date), _ = order[0]
+    head = f"{prov} prices" + (f" ({date})" if date not in ("user", "") else " (yours)")
+    rest = [f"{p} for {', '.join(dict.fromkeys(names))}" for (p, _), names in order[1:]]
+    return head + (f"; {'; '.join(rest)}" if rest else "")
+
+
 def caption(cmp: Comparison) -> str:
     length = (f"${cmp.length.budget_usd:,.0f} budget" if cmp.length.budget_usd is not None else
               f"{cmp.length.hours:g} h" if cmp.length.hours is not None else f"{cmp.length.steps:,} steps")
-    return (f"★ best by objective '{cmp.objective}' at {length}; $ cheapest and » fastest to train the reference "
-            f"job ({_ref_label(cmp)}) with each configuration's fastest settings. "
-            f"{cmp.evaluated:,} candidates searched in {cmp.seconds * 1000:.0f} ms.")
+    return (f"★ best by '{cmp.objective}' at {length}, {prices_used(cmp)}. $ cheapest and » fastest to train "
+            f"{_ref_label(cmp)} (ref $, ref h), each with its fastest settings. {cmp.evaluated:,} candidates in "
+            f"{cmp.seconds * 1000:.0f} ms.")
+
+
+# Display columns: (name, priority for fit_table, left-justified). Priority 0 always shows.
+COLUMNS = (("", 0, True), ("GPUs", 0, True), ("model", 0, True), ("tokens", 0, False), ("hours", 0, False),
+           ("cost", 0, False), ("loss", 0, False), ("price", 1, True), ("ref h", 2, False), ("ref $", 2, False),
+           ("tokens/s", 3, False), ("epochs", 3, False), ("strategy", 4, True), ("micro×acc", 5, False),
+           ("VRAM/GPU", 5, False), ("GPU spec", 6, True))
+
+
+def _usd(x: float) -> str:
+    return f"${x:,.0f}" if x >= 10 else f"${x:,.2f}"
 
 
 def display_rows(cmp: Comparison) -> list[dict[str, str]]:
@@ -206,34 +263,27 @@ def display_rows(cmp: Comparison) -> list[dict[str, str]]:
     for r in cmp.rows:
         hw, c = r.hw, r.best
         mark = ("★" if r.is_best else "") + ("$" if r.is_cheapest else "") + ("»" if r.is_fastest else "")
-        d = {
-            "": mark,
-            "GPUs": r.gpu,
-            "GPU spec": f"{hw.profile.memory_gb:g} GB, {hw.profile.bf16_tflops:g} TF" if hw else "-",
-            "price": f"${hw.num_gpus * hw.usd_per_gpu_hour:,.2f}/h {hw.provider}" if hw else "-",
-        }
+        d = dict.fromkeys((name for name, _, _ in COLUMNS), "-")
+        d[""] = mark
+        d["GPUs"] = r.gpu + (" *" if c is not None and r.note else "")
+        if hw is not None:
+            d["GPU spec"] = f"{hw.profile.memory_gb:g} GB, {hw.profile.bf16_tflops:g} TF"
+            d["price"] = f"${hw.num_gpus * hw.usd_per_gpu_hour:,.2f}/h {hw.provider}"
         if c is None:
-            d.update({k: "-" for k in ("model", "micro×acc", "strategy", "VRAM/GPU", "tokens/s", "hours", "tokens",
-                                       "epochs", "loss", "cost")})
             d["model"] = r.note or "nothing fits"
         else:
             cap = hw.profile.usable_bytes * (1 - cmp.settings.headroom) / GiB  # type: ignore[union-attr]
             d.update({
-                "model": f"{c.name} ({fmt_count(c.n_params)})",
-                "micro×acc": f"{c.device_batch}×{c.grad_accum}",
-                "strategy": c.settings_label,
-                "VRAM/GPU": f"{c.mem_bytes / GiB:.1f}/{cap:.1f} GiB",
-                "tokens/s": f"{c.tokens_per_sec:,.0f}",
-                "hours": f"{c.hours:.1f}",
-                "tokens": fmt_count(c.tokens),
-                "epochs": f"{c.epochs:.1f}" if ds and c.epochs is not None else "-",
-                "loss": f"{c.loss:.3f}",
-                "cost": f"${c.usd:,.0f}",
+                "model": f"{c.name} ({fmt_count(c.n_params)})", "micro×acc": f"{c.device_batch}×{c.grad_accum}",
+                "strategy": c.settings_label, "VRAM/GPU": f"{c.mem_bytes / GiB:.1f}/{cap:.1f} GiB",
+                "tokens/s": f"{c.tokens_per_sec:,.0f}", "hours": f"{c.hours:.1f}", "tokens": fmt_count(c.tokens),
+                "epochs": f"{c.epochs:.1f}" if ds and c.epochs is not None else "-", "loss": f"{c.loss:.3f}",
+                "cost": _usd(c.usd),
             })
         d["ref h"] = f"{r.ref_hours:.1f}" if r.ref_hours is not None else "-"
-        d["ref $"] = f"${r.ref_usd:,.0f}" if r.ref_usd is not None else "-"
-        if c is not None and r.note:
-            d["GPUs"] += " *"
+        d["ref $"] = _usd(r.ref_usd) if r.ref_usd is not None else "-"
+        if not ds:
+            del d["epochs"]
         out.append(d)
     return out
 
@@ -244,27 +294,31 @@ def display_frame(cmp: Comparison) -> Any:
     return pd.DataFrame.from_records(display_rows(cmp))
 
 
-def rich_table(cmp: Comparison) -> Any:
-    from rich.table import Table  # noqa: PLC0415
+def rich_table(cmp: Comparison, width: int | None = None) -> Any:
+    """The comparison as a table whose columns fit `width` (all of them when None: --wide)."""
+    from planner.tables import Col, fit_table  # noqa: PLC0415
 
     rows = display_rows(cmp)
-    t = Table(title=f"Best run per GPU configuration (objective: {cmp.objective})", title_justify="left",
-              caption=caption(cmp), caption_justify="left")
-    for col in rows[0]:
-        t.add_column(col, justify="left" if col in ("", "GPUs", "GPU spec", "price", "model", "strategy") else "right",
-                     no_wrap=col in ("GPUs", "model"))
+    names = list(rows[0])
+    cols = [Col(n, p, "left" if left else "right") for n, p, left in COLUMNS if n in names]
+    cells = []
     for r, d in zip(cmp.rows, rows, strict=True):
-        cells = list(d.values())
-        keys = list(d)
-        if r.is_cheapest:
-            cells[keys.index("ref $")] = f"[bold cyan]{d['ref $']}[/]"
-        if r.is_fastest:
-            cells[keys.index("ref h")] = f"[bold magenta]{d['ref h']}[/]"
-        style = "bold green" if r.is_best else ("dim" if r.best is None else None)
-        t.add_row(*cells, style=style)
+        row = [d[c.name] for c in cols]
+        if r.is_cheapest and "ref $" in names:
+            row[[c.name for c in cols].index("ref $")] = f"[bold cyan]{d['ref $']}[/]"
+        if r.is_fastest and "ref h" in names:
+            row[[c.name for c in cols].index("ref h")] = f"[bold magenta]{d['ref h']}[/]"
+        cells.append(row)
+    styles = ["bold green" if r.is_best else ("dim" if r.best is None else None) for r in cmp.rows]
     notes = [f"{r.gpu}: {r.note}" for r in cmp.rows if r.best is not None and r.note]
-    if notes:
-        t.caption = t.caption + " * " + "; ".join(notes)  # type: ignore[operator]
+    cap = caption(cmp) + (" * " + "; ".join(notes) + "." if notes else "")
+    t = fit_table(cols, cells, width, title=f"Best run per GPU configuration (objective: {cmp.objective})",
+                  styles=styles, caption=cap)
+    from planner.tables import hidden  # noqa: PLC0415
+
+    left_out = hidden(cols, t)
+    if left_out:
+        t.caption = f"{t.caption} Hidden at this width: {', '.join(left_out)} (--wide shows all)."
     return t
 
 
@@ -282,54 +336,42 @@ def pareto(points: Sequence[tuple[float, float]]) -> list[int]:
     return front
 
 
+def _place_labels(ax: Any, fig: Any, pts: list[tuple[float, float]], labels: list[str]) -> None:
+    """Put each label next to its point where it overlaps no other label, point or the frame (greedy)."""
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    marks = [ax.transData.transform(p) for p in pts]
+    legend = ax.get_legend()
+    placed: list[Any] = [legend.get_window_extent(renderer)] if legend is not None else []
+    offsets = [(dx * k, dy * k) for k in (1, 1.8, 2.8, 4) for dx, dy in
+               ((7, 7), (7, -7), (-7, 7), (-7, -7), (9, 0), (-9, 0), (0, 10), (0, -10))]
+    for (x, y), text in sorted(zip(pts, labels, strict=True), key=lambda t: -t[0][1]):
+        best = None
+        for dx, dy in offsets:
+            ha = "left" if dx > 0 else "right" if dx < 0 else "center"
+            va = "bottom" if dy > 0 else "top" if dy < 0 else "center"
+            ann = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=8, ha=ha, va=va)
+            box = ann.get_window_extent(renderer).expanded(1.04, 1.12)
+            inside = (box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1)
+            hits = sum(box.overlaps(o) for o in placed) + sum(
+                box.x0 - 6 <= mx <= box.x1 + 6 and box.y0 - 6 <= my <= box.y1 + 6 for mx, my in marks)
+            score = hits * 10 + (0 if inside else 5)
+            if best is None or score < best[0]:
+                if best is not None:
+                    best[1].remove()
+                best = (score, ann, box)
+            else:
+                ann.remove()
+            if score == 0:
+                break
+        placed.append(best[2])  # type: ignore[index]
+
+
 def plot(cmp: Comparison, path: str | Path) -> Path:
     """Cost against time to the reference job, labelled, with the Pareto front; PNG via matplotlib."""
-    try:
-        import matplotlib  # noqa: PLC0415
+    fig = figure(cmp)           # raises the one-line error when matplotlib is missing
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        raise PlanError("--plot", "matplotlib is not installed",
-                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
-    rows = [r for r in cmp.rows if r.ref_hours is not None]
-    if not rows:
-        raise PlanError("--plot", "no configuration can train the reference job, so there is nothing to plot")
-    pts = [(r.ref_hours, r.ref_usd) for r in rows]
-    front = set(pareto(pts))  # type: ignore[arg-type]
-    fig, ax = plt.subplots(figsize=(8, 5.2), dpi=120)
-    by_x = sorted(range(len(rows)), key=lambda i: pts[i][0])
-    for k, i in enumerate(by_x):
-        r, (x, y) = rows[i], pts[i]
-        ax.scatter([x], [y], s=150 if r.is_best else 60, marker="*" if r.is_best else "o",
-                   color="tab:green" if r.is_best else ("tab:blue" if i in front else "tab:gray"), zorder=3)
-        tags = [t for t, f in (("best", r.is_best), ("cheapest", r.is_cheapest), ("fastest", r.is_fastest)) if f]
-        label = r.gpu + (f"\n({', '.join(tags)})" if tags else "")
-        ax.annotate(label, (x, y), textcoords="offset points", xytext=(6, 6 if k % 2 == 0 else -16), fontsize=8,
-                    va="bottom" if k % 2 == 0 else "top")
-    fx = sorted(front, key=lambda i: pts[i][0])
-    ax.step([pts[i][0] for i in fx], [pts[i][1] for i in fx], where="post", color="tab:blue", alpha=0.5,
-            label="Pareto front (no config is both faster and cheaper)")
-    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: PLC0415
-
-    ax.set_xscale("log")
-    xs = [x for x, _ in pts]
-    lo, hi_x = min(xs) / 1.3, max(xs) * 1.6
-    nice = [m * 10**e for e in range(-2, 6) for m in (1, 2, 5)]
-    ax.set_xlim(lo, hi_x)
-    ax.xaxis.set_major_locator(FixedLocator([v for v in nice if lo <= v <= hi_x]))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v:,.0f}"))
-    hi = max(y for _, y in pts)
-    ax.set_ylim(0, hi * 1.15 if hi > 0 else 1)
-    ax.set_xlabel("hours to train the reference job (log scale)")
-    ax.set_ylabel("cost of the reference job")
-    ax.set_title(f"Cost vs time to train {_ref_label(cmp)}\n(each configuration with its fastest fitting settings; "
-                 f"best by '{cmp.objective}' starred)", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
@@ -346,3 +388,64 @@ def plot(cmp: Comparison, path: str | Path) -> Path:
     finally:
         plt.close(fig)
     return p
+
+
+def figure(cmp: Comparison) -> Any:
+    """The chart as a matplotlib Figure (labels placed); the caller saves and closes it."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        raise PlanError("--plot", "matplotlib is not installed",
+                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
+    rows = [r for r in cmp.rows if r.ref_hours is not None]
+    if not rows:
+        raise PlanError("--plot", "no configuration can train the reference job, so there is nothing to plot")
+    pts = [(float(r.ref_hours), float(r.ref_usd)) for r in rows]  # type: ignore[arg-type]
+    front = pareto(pts)
+    fig, ax = plt.subplots(figsize=(8.4, 5.4), dpi=120)
+    from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: PLC0415
+
+    ax.set_xscale("log")
+    xs = [x for x, _ in pts]
+    lo, hi_x = min(xs) / 1.5, max(xs) * 2.2
+    nice = [m * 10**e for e in range(-3, 7) for m in (1, 2, 5)]
+    ax.set_xlim(lo, hi_x)
+    ax.xaxis.set_major_locator(FixedLocator([v for v in nice if lo <= v <= hi_x]))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"${v:,.0f}"))
+    hi = max(y for _, y in pts)
+    ax.set_ylim(0, hi * 1.3 if hi > 0 else 1)
+    if len(front) >= 2:
+        fx = sorted(front, key=lambda i: pts[i][0])
+        ax.step([pts[i][0] for i in fx], [pts[i][1] for i in fx], where="post", color="tab:blue", alpha=0.6,
+                zorder=2, label="Pareto front: no configuration is both faster and cheaper")
+    others = [i for i in range(len(rows)) if not rows[i].is_best]
+    on_front = [i for i in others if i in front and len(front) >= 2]
+    off = [i for i in others if i not in on_front]
+    if on_front:
+        ax.scatter([pts[i][0] for i in on_front], [pts[i][1] for i in on_front], s=60, color="tab:blue", zorder=3,
+                   label="on the Pareto front")
+    if off:
+        ax.scatter([pts[i][0] for i in off], [pts[i][1] for i in off], s=60, color="tab:gray", zorder=3,
+                   label="other configurations")
+    star = [i for i in range(len(rows)) if rows[i].is_best]
+    ax.scatter([pts[i][0] for i in star], [pts[i][1] for i in star], s=170, marker="*", color="tab:green", zorder=4,
+               label=f"best by '{cmp.objective}'" + (" (the only Pareto point: faster and cheaper than all)"
+                                                     if len(front) == 1 and front[0] in star else ""))
+    labels = []
+    for r in rows:
+        tags = [t for t, f in (("best", r.is_best), ("cheapest", r.is_cheapest), ("fastest", r.is_fastest)) if f]
+        labels.append(r.gpu + (f" ({', '.join(tags)})" if tags else ""))
+    ax.set_xlabel("hours to train the reference job (log scale)")
+    ax.set_ylabel("cost of the reference job")
+    ax.set_title(f"Cost vs time to train {_ref_label(cmp)}, {prices_used(cmp)}\n(each configuration with its "
+                 f"fastest fitting settings)", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    _place_labels(ax, fig, pts, labels)
+    return fig

@@ -1,10 +1,16 @@
-"""One-line user-facing errors. The CLI turns them into a message and exit code 2."""
+"""User-facing errors, in one style everywhere.
+
+Code raises PlanError(field, problem, fix). The CLI renders it (and click's usage errors, and
+pydantic's) as one `error:` line naming the field and the problem, plus one `hint:` line
+with the fix when there is one, on stderr, with exit code 2 (render_error). Rich boxes are
+for results only.
+"""
 
 from __future__ import annotations
 
 
 class PlanError(ValueError):
-    """Bad input from the user: a single line naming the field and the fix."""
+    """Bad input from the user: the field, what is wrong with it, and the fix."""
 
     def __init__(self, field: str, problem: str, fix: str = "") -> None:
         self.field = field
@@ -14,6 +20,16 @@ class PlanError(ValueError):
         if fix:
             msg += f" ({fix})"
         super().__init__(msg)
+
+    def lines(self) -> list[str]:
+        """['error: FIELD: PROBLEM', 'hint: FIX'] (no hint line without a fix)."""
+        return error_lines(f"{self.field}: {self.problem}" if self.field else self.problem, self.fix)
+
+
+def error_lines(message: str, hint: str = "") -> list[str]:
+    """The CLI's error shape: one `error:` line, then a `hint:` line where there is a fix."""
+    first = " ".join(message.split("\n"))
+    return [f"error: {first}"] + ([f"hint: {' '.join(hint.split(chr(10)))}"] if hint else [])
 
 
 def pydantic_one_line(exc: Exception, source: str = "") -> str:

@@ -25,6 +25,14 @@ SKYPILOT_ACCELERATORS = {
     "A100-40GB": "A100",
     "H200": "H200",
     "B200": "B200",
+    # `sky show-gpus -a --cloud runpod` lists H100-NVL, RTX3090, RTX4090 and L4; AWS's are L40S (g6e) and A10G (g5)
+    "H100-NVL": "H100-NVL",
+    "L40S": "L40S",
+    "L4": "L4",
+    "A10G": "A10G",
+    "RTX-3090": "RTX3090",
+    "RTX-4090": "RTX4090",
+    "RTX-5090": "RTX5090",   # assumption: the same pattern; not seen in a listing
 }
 TORCH_VERSION = "2.13.0"        # the torch the runner is tested with
 CPUS_PER_GPU = 8                # --cpus-per-task = this × GPUs per node; edit for your nodes

@@ -50,15 +50,21 @@ def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], hw: Hardware, simpl
     """When the user's pinned choice leaves nothing that fits: say what would."""
     pinned = ", ".join(x for x in (f"--strategy {strategy}" if strategy else "",
                                    "" if ac is None else f"--{'' if ac else 'no-'}activation-checkpointing") if x)
-    head = (f"{spec.name} does not fit with {pinned or 'any strategy or checkpointing'} at any micro-batch "
-            f"({fmt_bytes(simplest.memory.per_gpu_bytes)} per GPU at micro-batch {simplest.training.device_batch_size}).")
+    b = base.get("device_batch_size")
+    mem = fmt_bytes(simplest.memory.per_gpu_bytes)
+    how = pinned or "any strategy or checkpointing"
+    head = (f"{spec.name} does not fit with {how} at micro-batch {b}, the only one tried (--device-batch-size): "
+            f"{mem} per GPU." if b is not None else
+            f"{spec.name} does not fit with {how} at any micro-batch: {mem} per GPU even at micro-batch "
+            f"{simplest.training.device_batch_size}.")
     free = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
                   device_batch=base.get("device_batch_size"))
     if free.best is None:
         return [head, "No strategy or checkpointing makes it fit here: use more or bigger GPUs or a smaller model."]
-    b = free.best
-    return [head, f"{b.settings_label} at micro-batch {b.device_batch} would fit ({fmt_bytes(b.mem_bytes)} per GPU): "
-                  f"drop {pinned} to let nanoplan choose."]
+    c = free.best
+    drop = " and ".join(x for x in (pinned, "--device-batch-size" if b is not None and c.device_batch != b else "") if x)
+    return [head, f"{c.settings_label} at micro-batch {c.device_batch} would fit ({fmt_bytes(c.mem_bytes)} per GPU): "
+                  f"drop {drop or 'the pinned settings'} to let nanoplan choose."]
 
 
 def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import math
 import re
@@ -105,19 +106,48 @@ class HardwareProfile(BaseModel):
         return self.bf16_tflops * 1e12
 
     def mfu_for(self, n_params: int) -> float:
-        """MFU at a model size: calibrated curve (log-linear in N, clamped) or the default."""
-        pts = sorted(self.mfu_curve, key=lambda p: p.n_params)
-        if not pts:
+        """MFU at a model size: the calibrated curve when there is one (log-linear in N, clamped), else
+        `default_mfu` × `size_factor(n_params)` on GPUs (default_mfu is read as the MFU of a model of
+        SIZE_REFERENCE_PARAMS); CPU profiles use default_mfu as it is."""
+        if self.mfu_curve:
+            return _loglinear([(p.n_params, p.mfu) for p in self.mfu_curve], n_params)
+        if self.kind != "gpu":
             return self.default_mfu
-        if n_params <= pts[0].n_params:
-            return pts[0].mfu
-        if n_params >= pts[-1].n_params:
-            return pts[-1].mfu
-        for a, b in zip(pts, pts[1:], strict=False):
-            if a.n_params <= n_params <= b.n_params:
-                t = (math.log(n_params) - math.log(a.n_params)) / (math.log(b.n_params) - math.log(a.n_params))
-                return a.mfu + t * (b.mfu - a.mfu)
-        return self.default_mfu  # pragma: no cover
+        return min(1.0, self.default_mfu * size_factor(n_params))
+
+
+# MFU against model size, one sweep on one code base and one GPU: llm-foundry's MPT benchmarks on 8x A100-80GB,
+# bf16, seq 2048, FSDP, no activation checkpointing (mosaicml/llm-foundry scripts/train/benchmarking/README.md,
+# "A100 80GB with 1600 Gbps node-node interconnect" table): (parameters, MFU).
+SIZE_MFU_POINTS: tuple[tuple[int, float], ...] = (
+    (125_311_488, 0.4479),      # 125m
+    (355_985_408, 0.5162),      # 350m
+    (760_470_528, 0.5685),      # 760m
+    (1_315_950_592, 0.5986),    # 1b
+    (2_651_837_440, 0.6211),    # 3b
+    (6_658_859_008, 0.6423),    # 7b
+)
+SIZE_REFERENCE_PARAMS = 1_315_950_592   # a profile's default_mfu is taken to be the MFU at this size (the 1b row)
+
+
+def _loglinear(points: list[tuple[int, float]], n: int) -> float:
+    """Piecewise-linear interpolation in log(N), clamped to the end points."""
+    pts = sorted(points)
+    if n <= pts[0][0]:
+        return pts[0][1]
+    if n >= pts[-1][0]:
+        return pts[-1][1]
+    for (n0, y0), (n1, y1) in zip(pts, pts[1:], strict=False):
+        if n0 <= n <= n1:
+            t = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+            return y0 + t * (y1 - y0)
+    return pts[-1][1]  # pragma: no cover
+
+
+def size_factor(n_params: int) -> float:
+    """MFU at `n_params` relative to SIZE_REFERENCE_PARAMS, from SIZE_MFU_POINTS (flat beyond their range:
+    0.748 at 125M and below, 1.073 at 6.7B and above). Smaller models have smaller matmuls, so lower MFU."""
+    return _loglinear(list(SIZE_MFU_POINTS), n_params) / _loglinear(list(SIZE_MFU_POINTS), SIZE_REFERENCE_PARAMS)
 
 
 class Hardware(BaseModel):
@@ -138,9 +168,13 @@ class Hardware(BaseModel):
         return self.nodes * self.gpus_per_node
 
 
-def _load_yaml_profile(text: str, origin: str) -> HardwareProfile:
+def _load_yaml_profile(text: str, origin: str, trusted: bool = False) -> HardwareProfile:
+    """A profile from YAML text. User files go through yaml.safe_load; the shipped ones (trusted package
+    data) through libyaml's CSafeLoader when present: the same safe constructors, ~10x faster, which keeps
+    `nanoplan estimate` quick with 14 profiles to read."""
     try:
-        data = yaml.safe_load(text)
+        fast = getattr(yaml, "CSafeLoader", None) if trusted else None
+        data = yaml.load(text, Loader=fast) if fast is not None else yaml.safe_load(text)  # noqa: S506 - CSafeLoader
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
@@ -174,41 +208,95 @@ def builtin_profiles() -> dict[str, HardwareProfile]:
     out: dict[str, HardwareProfile] = {}
     for f in sorted(resources.files("hardware_profiles").iterdir(), key=lambda f: f.name):
         if f.name.endswith(".yaml"):
-            prof = _load_yaml_profile(f.read_text(encoding="utf-8"), f"hardware_profiles/{f.name}")
+            prof = _load_yaml_profile(f.read_text(encoding="utf-8"), f"hardware_profiles/{f.name}", trusted=True)
             out[prof.name] = prof
     return out
 
 
-def find_profile(name: str) -> HardwareProfile:
-    key = name.lower()
+def _names() -> dict[str, HardwareProfile]:
+    """Every accepted spelling (lower case): names and aliases."""
+    out: dict[str, HardwareProfile] = {}
     for prof in builtin_profiles().values():
-        if key == prof.name.lower() or key in (a.lower() for a in prof.aliases):
-            return prof
+        for n in (prof.name, *prof.aliases):
+            out[n.lower()] = prof
+    return out
+
+
+def _as_typed(match: str, prof: HardwareProfile) -> str:
+    """How to write a matched spelling back: the profile's own casing ('h100' -> 'H100')."""
+    squeeze = str.maketrans("", "", "-_ ")
+    if match.translate(squeeze) == prof.name.lower().translate(squeeze):
+        return prof.name
+    if prof.name.lower().startswith(match):
+        return prof.name[: len(match)]
+    return match.upper() if match.replace("-", "").isalnum() else match
+
+
+def find_profile(name: str, option: str = "--gpu", counts: str = "", profile_hint: bool = True) -> HardwareProfile:
+    """The built-in profile called `name` (or an alias); an unknown name gets 'did you mean ...?'."""
+    key = name.strip().lower()
+    names = _names()
+    if key in names:
+        return names[key]
+    squeezed = {k.replace("-", "").replace("_", ""): v for k, v in names.items()}
+    if key.replace("-", "").replace("_", "").replace(" ", "") in squeezed:
+        return squeezed[key.replace("-", "").replace("_", "").replace(" ", "")]
+    near = difflib.get_close_matches(key, list(names), n=2, cutoff=0.6)
     allowed = ", ".join(builtin_profiles())
-    raise PlanError("--gpu", f"unknown GPU type {name!r}", f"allowed: {allowed}, or --profile FILE.yaml")
+    more = ", or --profile FILE.yaml" if profile_hint else ""
+    if near:
+        guess = " or ".join(f"{counts}{_as_typed(m, names[m])}" for m in near)
+        raise PlanError(option, f"unknown GPU type {name!r}", f"did you mean {guess}? (known: {allowed}{more})")
+    raise PlanError(option, f"unknown GPU type {name!r}", f"known: {allowed}{more}; nanoplan profiles lists them")
 
 
-_SPEC = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(?:(\d+)\s*x\s*)?([A-Za-z][\w.\-]*)\s*$", re.IGNORECASE)
+_NAME = r"[A-Za-z][\w.\- ]*?"   # spaces allowed inside: "RTX 4090"
+_SPEC_FORMS = (   # (regex, group roles) tried in order on the spec with '×'/'*' read as 'x'
+    (re.compile(rf"^(\d+)\s*x\s*(\d+)\s*x\s*({_NAME})$", re.IGNORECASE), ("nodes", "per", "name")),   # 2x8xH100
+    (re.compile(rf"^(\d+)\s*(?:x\s*|\s)({_NAME})$", re.IGNORECASE), ("per", "name")),                # 8xH100, 8 H100
+    (re.compile(rf"^({_NAME})\s*x\s*(\d+)$", re.IGNORECASE), ("name", "per")),                         # H100x8
+    (re.compile(rf"^({_NAME})$", re.IGNORECASE), ("name",)),                                            # H100
+)
+
+
+def split_gpu_spec(spec: str, option: str = "--gpu") -> tuple[int, int, str]:
+    """(nodes, GPUs per node, type) of '8xH100', '8x H100', '8 × H100', 'h100x8', '2x8xH100' or 'H100'."""
+    text = spec.strip().replace("×", "x").replace("*", "x")
+    if text.lower() in _names():                 # a profile whose own name ends in x<digits> stays whole
+        return 1, 1, text
+    for rx, roles in _SPEC_FORMS:
+        m = rx.match(text)
+        if m:
+            got = dict(zip(roles, m.groups(), strict=True))
+            return int(got.get("nodes", 1)), int(got.get("per", 1)), got["name"].strip()
+    raise PlanError(option, f"cannot read {spec!r} as GPUs", "use e.g. H100, 8xH100, 8xA100-40GB or 2x8xH100 "
+                    "(nodes x GPUs per node x type)")
 
 
 def parse_gpu_spec(spec: str, profile: HardwareProfile | None = None, provider: str | None = None,
-                   price: float | None = None) -> Hardware:
-    """'H100' | '4xH100' | '8xH100-PCIe' | '2x8xH100' (nodes x GPUs per node x type)."""
-    m = _SPEC.match(spec)
-    if not m:
-        raise PlanError("--gpu", f"cannot read {spec!r}", "use e.g. H100, 8xH100, 8xA100-40GB or 2x8xH100")
-    a, b, name = m.groups()
-    nodes, per_node = (int(a), int(b)) if b is not None else (1, int(a) if a else 1)
-    prof = profile if profile is not None else find_profile(name)
+                   price: float | None = None, *, option: str = "--gpu", price_per: str = "gpu",
+                   profile_hint: bool = True) -> Hardware:
+    """'H100' | '4xH100' | '8xH100-PCIe' | '2x8xH100' (nodes x GPUs per node x type); also '8x H100', 'h100x8'.
+
+    `price` is USD per GPU-hour, or per node-hour with price_per='node' (a node: the GPUs per node of
+    the spec). `option` names the CLI option in errors (compare calls it --gpus)."""
+    nodes, per_node, name = split_gpu_spec(spec, option)
     if nodes < 1 or per_node < 1:
-        raise PlanError("--gpu", f"{spec!r} asks for zero GPUs", "use at least 1, e.g. 8xH100")
+        raise PlanError(option, f"{spec!r} asks for zero GPUs", "use at least 1, e.g. 8xH100")
+    prof = profile if profile is not None else find_profile(
+        name, option, counts=(f"{nodes}x{per_node}x" if nodes > 1 else f"{per_node}x" if per_node > 1 else ""),
+        profile_hint=profile_hint)
     if per_node > prof.gpus_per_node:
-        raise PlanError("--gpu", f"{per_node} GPUs per node, but {prof.name} has at most {prof.gpus_per_node}",
+        raise PlanError(option, f"{per_node} GPUs per node, but {prof.name} has at most {prof.gpus_per_node}",
                         f"use nodes x GPUs, e.g. {math.ceil(per_node / prof.gpus_per_node)}x{prof.gpus_per_node}x{name}")
     if price is not None:
+        flag = "--price-per-node" if price_per == "node" else "--price"
         if not math.isfinite(price) or price < 0:
-            raise PlanError("--price", f"must be a non-negative number of USD per GPU-hour, got {price}")
-        prov, usd, date, src = provider or "custom", price, "user", "--price on the command line"
+            raise PlanError(flag, f"must be a non-negative number of USD per {price_per}-hour, got {price}")
+        per_gpu = price / per_node if price_per == "node" else price
+        how = (f"{flag} on the command line (${price:g}/node-hour over {per_node} GPUs)" if price_per == "node"
+               else f"{flag} on the command line")
+        prov, usd, date, src = provider or "custom", per_gpu, "user", how
     else:
         p = prof.price(provider)
         prov, usd, date, src = p.provider, p.usd_per_gpu_hour, p.date, p.source

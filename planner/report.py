@@ -20,7 +20,7 @@ def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
 
 
 def _hours(h: float) -> str:
-    return f"{h:.2f} h" if h >= 1 else f"{h * 60:.1f} min"
+    return f"{h:.2f} h" if h >= 1 else f"{h * 60:.1f} min" if h * 60 >= 0.1 else f"{h * 3600:.1f} s"
 
 
 def plan_tables(plan: Plan) -> Group:
@@ -80,3 +80,24 @@ def plan_tables(plan: Plan) -> Group:
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
     (console or Console()).print(plan_tables(plan))
+
+
+def _gpus(spec: str) -> str:
+    """'8xH100-SXM' -> '8×H100-SXM' for prose."""
+    return spec.replace("x", "×", 2) if spec[:1].isdigit() else spec
+
+
+def verdict(plan: Plan, written: str | None) -> str:
+    """The one line printed last: model, batch, GPUs, time, money at the price used, tokens, where the plan went."""
+    hw, b, tr, s, m = plan.hardware, plan.budget, plan.training, plan.schedule, plan.model
+    where = f" → {written}" if written else " (not saved: add --out plan.json)"
+    price = (f"${hw.usd_per_gpu_hour:,.2f}/GPU-h" + (f" {hw.provider}" if hw.provider not in ("custom", "local") else "")
+             if hw.usd_per_gpu_hour else "free")
+    if not plan.memory.fits:
+        return (f"✗ {m.name} ({fmt_count(m.n_params)} params) does not fit on {_gpus(hw.spec)}: "
+                f"{fmt_bytes(plan.memory.per_gpu_bytes)} per GPU > {fmt_bytes(plan.memory.capacity_bytes)}"
+                f"{where} (fits: false)")
+    usd = f"${b.usd:,.0f}" if b.usd >= 10 else f"${b.usd:,.2f}"
+    hours = f"{b.hours:.1f} h" if b.hours >= 1 else _hours(b.hours)
+    return (f"→ {m.name}, {fmt_count(m.n_params)} params, {tr.device_batch_size}×{tr.grad_accum_steps} on "
+            f"{_gpus(hw.spec)}, {hours}, {usd} at {price}, {fmt_count(s.total_tokens)} tokens{where}")

@@ -41,3 +41,83 @@ def fmt_bytes(n: float) -> str:
     if abs(n) >= GiB:
         return f"{n / GiB:.2f} GiB"
     return f"{n / MiB:.1f} MiB"
+
+
+# ---------------------------------------------------------------- money, prices and durations as people type them
+
+_DOLLARS = re.compile(r"^(?P<num>[0-9][0-9,_]*(?:\.[0-9]*)?|\.[0-9]+)(?P<suf>[km]?)$", re.IGNORECASE)
+_GROUPED = re.compile(r"^[0-9]{1,3}(?:,[0-9]{3})+(?:\.[0-9]*)?$")
+
+
+def _shell_ate_dollar(text: str) -> bool:
+    """'$1000' unquoted reaches us as '000' ($1 is an empty shell variable): digits with a leading zero."""
+    t = text.strip().replace(",", "")
+    return len(t) >= 2 and t.isdigit() and t[0] == "0"
+
+
+def parse_money(text: str | float | int, field: str = "--budget") -> float:
+    """US dollars as people type them: '1000', '1,000', '1k', '$1000', '$1.5k', '2.5M', '1000 USD'."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        raw = str(text)
+        if _shell_ate_dollar(raw) or not raw.strip():
+            was = "$1" + raw.strip()
+            raise PlanError(field, f"{raw!r} looks like a dollar amount the shell cut: unquoted, '{was}' reaches "
+                            f"nanoplan as {raw.strip()!r} ($1 is a shell variable)",
+                            f"quote it ({field} '{was}') or leave out the $ ({field} {was[1:]})")
+        t = raw.strip().lower().removesuffix("usd").strip().removeprefix("$").removeprefix("usd").strip()
+        m = _DOLLARS.match(t)
+        if not m or ("," in m.group("num") and not _GROUPED.match(m.group("num").replace("_", ""))):
+            raise PlanError(field, f"cannot read {raw!r} as dollars", "use e.g. 1000, 1,000, 1k or '$1000'")
+        value = float(m.group("num").replace(",", "").replace("_", "")) * {"": 1, "k": 1e3, "m": 1e6}[m.group("suf")]
+    if not math.isfinite(value) or value <= 0:
+        raise PlanError(field, f"must be a positive amount of dollars, got {text!r}")
+    return value
+
+
+_PER = {"h": "hour", "hr": "hour", "hour": "hour", "hours": "hour", "gpu": "gpu", "gpus": "gpu", "node": "node",
+        "nodes": "node", "gpu-h": "gpu hour", "gpu-hr": "gpu hour", "gpu-hour": "gpu hour", "gpuh": "gpu hour",
+        "node-h": "node hour", "node-hr": "node hour", "node-hour": "node hour"}
+
+
+def parse_price(text: str | float, field: str = "--price") -> tuple[float, str]:
+    """A price and what it is per: '3.95' or '$3.95/h' or '3.95/gpu/h' -> (3.95, 'gpu'); '24/h/node' -> (24, 'node')."""
+    if isinstance(text, (int, float)):
+        return parse_money(text, field), "gpu"
+    raw = str(text)
+    head, *units = [p.strip() for p in raw.strip().split("/")]
+    words: set[str] = set()
+    for u in units:
+        w = _PER.get(u.lower())
+        if w is None:
+            raise PlanError(field, f"cannot read {raw!r}: unknown unit {u!r}",
+                            "write USD per GPU-hour (3.95, 3.95/h) or per node-hour (24/h/node)")
+        words.update(w.split())
+    if "gpu" in words and "node" in words:
+        raise PlanError(field, f"{raw!r} is both per GPU and per node", "write 3.95/h/gpu or 24/h/node")
+    try:
+        free = float(head.strip().removeprefix("$")) == 0
+    except ValueError:
+        free = False
+    value = 0.0 if free else parse_money(head, field)
+    return value, "node" if "node" in words else "gpu"
+
+
+_DURATION = re.compile(r"^([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(h|hr|hrs|hours?|m|min|mins|minutes?|d|days?)?$",
+                       re.IGNORECASE)
+
+
+def parse_hours(text: str | float, field: str = "--hours") -> float:
+    """Wall-clock hours: '12', '1.5h', '90m', '90min', '2d'."""
+    if isinstance(text, (int, float)):
+        value = float(text)
+    else:
+        m = _DURATION.match(str(text).strip())
+        if not m:
+            raise PlanError(field, f"cannot read {text!r} as a duration", "use e.g. 12, 1.5h, 90m or 2d")
+        unit = (m.group(2) or "h").lower()
+        value = float(m.group(1)) * (1 / 60 if unit.startswith("m") else 24 if unit.startswith("d") else 1)
+    if not math.isfinite(value) or value <= 0:
+        raise PlanError(field, f"must be a positive number of hours, got {text!r}")
+    return value

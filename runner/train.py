@@ -33,28 +33,15 @@ from planner.plan import Plan, load_plan
 from runner import checkpoint as ck
 from runner.clock import ENV_LAUNCH_ID, BudgetGuard, Clock, deadline_seconds, restart_carried_s
 from runner.data import TrainBatches, ValBatches, load_data
-from runner.display import Display
+from runner.display import Display, stop_summary
 from runner.metrics import RUN_INFO, STOP, MetricsLog, mfu, read_json, read_metrics, update_run_info, write_json
 from runner.model import GPT
 from runner.parallel import full_value, parallelize
 from runner.preflight import check_data, check_run_dir_contained, resolve_data_dir
+from runner.schedule import DeadlineSchedule, lr_multiplier  # noqa: F401  (lr_multiplier: re-exported)
 from runner.step import autocast, build_optimizer, train_step
 
 EXIT_OK, EXIT_USAGE, EXIT_NAN, EXIT_WRITE = 0, 2, 3, 4
-
-
-def lr_multiplier(step: int, total: int, warmup: int, warmdown_frac: float, decay: str) -> float:
-    """LR factor for optimizer step `step` (0-based): linear warmup, flat, then a warmdown to 0."""
-    if warmup > 0 and step < warmup:
-        return (step + 1) / warmup
-    n_down = round(warmdown_frac * total)
-    start = total - n_down
-    if n_down <= 0 or step < start:
-        return 1.0
-    progress = (step - start) / n_down
-    if decay == "cosine":
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-    return 1.0 - progress
 
 
 @dataclass
@@ -238,7 +225,8 @@ class Trainer:
         self.d = setup_dist(self.plan, args.force)
         self.run_dir = Path(args.run_dir)
         self.faults = ck.Faults.from_env()
-        self.display = Display(enabled=self.d.is_main, budget_usd=self.plan.budget.usd if self.plan.budget.usd_per_hour > 0 else None)
+        self.display = Display(enabled=self.d.is_main, budget_usd=self.plan.budget.usd if self.plan.budget.usd_per_hour > 0 else None,
+                               planned_tokens_per_sec=self.plan.throughput.tokens_per_sec)
 
     def log(self, msg: str) -> None:
         if self.d.is_main:
@@ -299,10 +287,10 @@ class Trainer:
                 raise PlanError(str(ckdir / "model.pt"), f"does not fit this plan's model ({_first_line(e)})",
                                 "it is not this plan's checkpoint; use another --run-dir") from None
 
-        def mult(s: int) -> float:
-            return lr_multiplier(s, self.total_steps, hyper.warmup_steps, hyper.warmdown_frac, hyper.decay)
-
-        self.scheds = [torch.optim.lr_scheduler.LambdaLR(o, mult) for o in self.opt.optimizers]
+        # the warmdown follows the deadline (runner/schedule.py); resumed from the checkpoint's projection
+        self.sched = DeadlineSchedule.resume(self.resume_meta.get("schedule"), self.total_steps, hyper.warmup_steps,
+                                             hyper.warmdown_frac, hyper.decay)
+        self.scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: self.sched.multiplier(s)) for o in self.opt.optimizers]
         if ckdir is not None:
             ostate = ck.load_torch(ckdir / "optim_rank0.pt", d.device)
             try:
@@ -349,6 +337,7 @@ class Trainer:
         self.best_val = patience.get("best_val_loss")
         self.evals_since_best = int(patience.get("evals_since_best") or 0)
         self.last_val: tuple[int, float] | None = None
+        self.last_loss: float | None = None
         self.nth_write = 0
         self.device_name = torch.cuda.get_device_name(d.device) if self.device_type == "cuda" else "cpu"
         self.segment = 0
@@ -422,7 +411,7 @@ class Trainer:
                 "tokens_seen": step * self.tokens_per_step, "segment": self.segment,
                 "replicas": {"agree": agree, "kind": kind, "fingerprints": prints},
                 "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-                "torch_version": torch.__version__,
+                "torch_version": torch.__version__, "schedule": self.sched.state(),
             }
 
         self.par.before_checkpoint()   # zero1: gather the optimizer state on rank 0 (collective)
@@ -442,16 +431,18 @@ class Trainer:
         return path
 
     def _flags(self, loss: torch.Tensor, gnorm: torch.Tensor, step: int) -> list[float]:
-        want_ckpt = want_stop = 0.0
+        want_ckpt = want_stop = projected = 0.0
         if self.d.is_main:
+            projected = float(self.sched.propose(step, self.total_s(), self.guard, ckpt_every_s=self.ckpt_every_s,
+                                                 last_ckpt_s=self.last_ckpt_total, val_every=self.val_every))
             probe = step == self.start_step + 1 and self.guard.ckpt_s is None  # measure the write early
             want_ckpt = float(probe or self.total_s() - self.last_ckpt_total >= self.ckpt_every_s)
             eval_due = bool(self.val_every) and step % self.val_every == 0
             want_stop = float(self.guard.should_stop(self.clock.budget(), checkpoint_due=bool(want_ckpt),
                                                      eval_due=eval_due))
-        flags = torch.tensor([want_ckpt, want_stop, float(self.signals.count > 0)], dtype=torch.float32)
-        vec = torch.cat([loss.detach().float().reshape(1), gnorm.detach().float().reshape(1).to(loss.device),
-                         flags.to(loss.device)])
+        flags = torch.tensor([want_ckpt, want_stop, float(self.signals.count > 0), projected], dtype=torch.float64)
+        vec = torch.cat([loss.detach().double().reshape(1), gnorm.detach().double().reshape(1).to(loss.device),
+                         flags.to(loss.device)])   # float64: the projected step is exact
         if self.d.on:
             dist.all_reduce(vec)
         return vec.tolist()
@@ -472,7 +463,7 @@ class Trainer:
         reason: str | None = None
         if step >= self.total_steps:
             reason = "total_steps"
-        elif self.guard.should_stop(0.0):
+        elif step >= self.sched.total or self.guard.should_stop(0.0):
             reason = "deadline"
         if reason:
             self.log(f"nothing to do: {reason} already reached at step {step}")
@@ -483,11 +474,14 @@ class Trainer:
                 loss_t, gnorm_t = train_step(self.model, self.opt, self.train.micro_batches(step), self.accum,
                                              self.precision, self.device_type, hyper.grad_clip)
                 gnorm_t = full_value(gnorm_t)   # a DTensor under zero2/fsdp
-                for s in self.scheds:
-                    s.step()
                 step += 1
                 self.faults.after_step(step, d.rank)
-                loss_sum, gnorm_sum, want_ckpt, want_stop, got_signal = self._flags(loss_t, gnorm_t, step)
+                loss_sum, gnorm_sum, want_ckpt, want_stop, got_signal, projected = self._flags(loss_t, gnorm_t, step)
+                self.sched.apply(step, int(projected))
+                if (note := self.sched.announcement(step)) is not None:
+                    self.log(note)
+                for s in self.scheds:           # the LR of the next step, on the (re)projected schedule
+                    s.step()
                 real, budget = self.clock.real(), self.clock.budget()
                 step_real = real - prev_real
                 self.guard.observe_step(budget - prev_budget)
@@ -507,11 +501,13 @@ class Trainer:
                     "tokens_seen": step * self.tokens_per_step, "epoch": self.train.epoch_of(step),
                     "max_memory_allocated": alloc, "max_memory_reserved": reserved,
                     "world_size": d.world_size, "device": self.device_name, "compiled": self.compiled,
-                    "segment": self.segment,
+                    "segment": self.segment, "projected_steps": self.sched.total,
+                    "projected_tokens": self.sched.total * self.tokens_per_step,
                 }
                 if val is not None:
                     row["val_loss"] = val
                 metrics.write(row)
+                self.last_loss = loss
                 self.display.update({**row, "seconds_to_stop": self.guard.seconds_to_stop(self.clock.budget()),
                                      "seconds_to_checkpoint": self.last_ckpt_total + self.ckpt_every_s - self.total_s()})
                 if not math.isfinite(loss):
@@ -520,8 +516,8 @@ class Trainer:
                     reason = "signal"
                 elif want_stop:
                     reason = "deadline"
-                elif step >= self.total_steps:
-                    reason = "total_steps"
+                elif step >= self.sched.total:   # the plan's count, or the deadline's projection of it
+                    reason = "total_steps" if self.sched.total >= self.total_steps else "deadline"
                 elif hyper.patience_evals and self.evals_since_best >= hyper.patience_evals:
                     reason = "patience"
                 elif want_ckpt and self._checkpoint_or_stop(step) is None:
@@ -548,17 +544,21 @@ class Trainer:
             error = (f"{self.write_error}; stopped at step {step}, {kept} "
                      "(free disk space or fix the run dir, then run the same command to resume)")
         self.error = error
+        summary = stop_summary(plan, steps=step, tokens=step * self.tokens_per_step, hours=total_h,
+                               usd=total_h * self.usd_per_hour, loss=self.last_loss,
+                               val_loss=self.last_val[1] if self.last_val else None)
         if d.is_main:
             record_stop(self.run_dir, {
                 "reason": reason, "step": step, "total_steps": self.total_steps,
                 "checkpoint": str(final) if final else None, "elapsed_hours": total_h,
                 "usd_spent": total_h * self.usd_per_hour, "segment": self.segment,
                 "signals": self.signals.names, "exit_code": code, "error": error,
-                "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "summary": summary,
             })
             where = f"; checkpoint {final}" if final else ""
             self.log(f"stopped: {reason} at step {step}/{self.total_steps}, {total_h * 60:.2f} min, "
                      f"${total_h * self.usd_per_hour:.2f}{where}")
+            self.display.summary(summary)
             if error:
                 print(f"error: {error}", file=sys.stderr, flush=True)
         return code

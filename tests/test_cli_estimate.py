@@ -7,6 +7,7 @@ import sys
 import pytest
 
 from planner.plan import load_plan
+from tests.errlines import error_and_hint
 
 
 def nanoplan(*args: str) -> subprocess.CompletedProcess:
@@ -51,9 +52,8 @@ def test_json_output_parses() -> None:
 def test_bad_input_one_line_exit_2(args: list[str], field: str) -> None:
     r = nanoplan("estimate", *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
-    lines = [x for x in r.stderr.splitlines() if x.strip()]
-    assert len(lines) == 1 and field in lines[0], r.stderr
-    assert "Traceback" not in r.stderr
+    line, _ = error_and_hint(r.stderr)
+    assert field in line, r.stderr
 
 
 def test_user_profile(tmp_path) -> None:

@@ -14,6 +14,7 @@ from planner.datameta import DataMeta, dtype_for_vocab, load_data_meta
 from planner.errors import PlanError
 from runner.prepare import plan_segments, prepare_data, val_bytes
 from runner.tokenize import BpeTokenizer, ByteTokenizer, CharTokenizer, load_tokenizer, safe_cut
+from tests.errlines import error_and_hint
 
 TEXT = ("Zwölf Boxkämpfer jagen Viktor quer über den großen Sylter Deich. 🚀 naïve café, it's  done.\n"
         "\n  The quick brown fox jumps over the lazy dog 12345 times; 日本語のテキスト。\t tabs\x0bvt\n") * 7
@@ -231,8 +232,8 @@ def test_cli_bad_input_exit_2(tmp_path, monkeypatch, capsys, case: str, field: s
         "tok": [ok, "--tokenizer", "wordpiece"],
     }[case]
     code, _, err = run_cli(monkeypatch, capsys, "prepare-data", *args, "--out", str(tmp_path / "d"))
-    lines = [x for x in err.splitlines() if x.strip()]
-    assert code == 2 and len(lines) == 1 and field in lines[0], err
+    line, _ = error_and_hint(err)
+    assert code == 2 and field in line, err
     assert not (tmp_path / "d" / "meta.json").exists()
 
 
@@ -240,7 +241,8 @@ def test_subprocess_exit_2_and_no_torch(tmp_path) -> None:
     """A real process: exit code 2 on bad input, and a successful run never imports torch."""
     r = subprocess.run([sys.executable, "-m", "planner.cli", "prepare-data", str(tmp_path / "nope.txt"),
                         "--out", str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.count("\n") == 1, r.stderr
+    assert r.returncode == 2, r.stderr
+    error_and_hint(r.stderr)    # one error line (and a hint line), no traceback
     (tmp_path / "a.txt").write_text(TEXT, encoding="utf-8")
     code = ("import sys; from runner.prepare import prepare_data; "
             f"prepare_data([{str(tmp_path / 'a.txt')!r}], {str(tmp_path / 'd')!r}, 'char'); "

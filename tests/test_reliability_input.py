@@ -36,6 +36,7 @@ import planner.cli as cli
 from planner.plan import Plan
 from planner.profiles import HardwareProfile
 from tests.conftest import REPO, make_tiny_plan, runner_env
+from tests.errlines import as_one_line
 
 SETTINGS = settings(max_examples=40, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -71,11 +72,9 @@ def nanoplan(*argv: str) -> tuple[int, str, str]:
 
 
 def one_error_line(code: int, err: str) -> str:
+    """The error, with its hint line appended in parentheses: 'error: FIELD: PROBLEM (HINT)'."""
     assert code == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    return lines[0]
+    return as_one_line(err)
 
 
 # ---------------------------------------------------------------- walking a document with its schema

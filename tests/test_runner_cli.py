@@ -33,7 +33,8 @@ def one_error_line(r: subprocess.CompletedProcess) -> str:
     assert "Traceback" not in r.stderr
     lines = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert len(lines) == 1, r.stderr
-    return lines[0]
+    hints = [x.removeprefix("hint: ") for x in r.stderr.splitlines() if x.startswith("hint:")]
+    return lines[0] + (f" ({hints[0]})" if hints else "")   # the error with its hint, as one string
 
 
 def gpu_plan(path: Path, data: Path, gpu: str = "8xH100") -> Path:

@@ -1,18 +1,53 @@
 """The `nanoplan` command. Each sub-command lives in its own module; torch is imported
-lazily, only by the commands that run or trace a model (run, prepare-data, validate --trace)."""
+lazily, only by the commands that run or trace a model (run, prepare-data, validate --trace).
+
+Errors of every kind leave through main(): one `error:` line and a `hint:` line where there
+is a fix (planner.errors), exit code 2 for bad input.
+"""
 
 from __future__ import annotations
 
+import difflib
 import sys
 
 import typer
 from pydantic import ValidationError
+from typer.core import TyperCommand, TyperGroup
 
-from planner.errors import PlanError, cli_one_line
+try:   # typer >= 0.20 carries its own copy of click
+    from typer._click import exceptions as cx
+except ImportError:  # pragma: no cover - older typer uses click itself
+    from click import exceptions as cx  # type: ignore[no-redef]
+
+from planner.errors import PlanError, cli_one_line, error_lines
+
+
+def _no_flag_types(params: list) -> list:
+    """On/off flags take no value, so --help shows none for them (typer would show <bool>)."""
+    for p in params:
+        if getattr(p, "is_flag", False) and p.metavar is None:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx):  # type: ignore[no-untyped-def]
+        return _no_flag_types(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx):  # type: ignore[no-untyped-def]
+        return _no_flag_types(super().get_params(ctx))
+
 
 app = typer.Typer(
-    name="nanoplan", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    name="nanoplan", cls=_Group, no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    rich_markup_mode="rich", context_settings={"help_option_names": ["-h", "--help"]},
     help="Plan, cost and run GPT pre-training on rented GPUs.",
+    epilog="[bold]Start here[/bold]\n"
+           "  nanoplan estimate --budget 100            the best run for $100 on 8×H100\n"
+           "  nanoplan compare --budget 1000            the same on every kind of GPU\n"
+           "  nanoplan run plan.json --dry-run          the command that runs the plan",
 )
 
 # Registration: importing each module adds its commands to `app`.
@@ -22,22 +57,77 @@ from planner.cli import data as _data  # noqa: E402,F401
 from planner.cli import estimate as _estimate  # noqa: E402,F401
 from planner.cli import export as _export  # noqa: E402,F401
 from planner.cli import export_model as _export_model  # noqa: E402,F401
+from planner.cli import probe as _probe  # noqa: E402,F401
 from planner.cli import run as _run  # noqa: E402,F401
 from planner.cli import validate as _validate  # noqa: E402,F401
 
+for _info in app.registered_commands:
+    if _info.cls in (None, TyperCommand):
+        _info.cls = _Command
 
-def fail(msg: str, code: int = 2) -> typer.Exit:
-    """Print one line to stderr and return the Exit to raise."""
-    typer.echo(f"error: {msg}", err=True)
+
+def fail(msg: str, code: int = 2, hint: str = "") -> typer.Exit:
+    """Print the error (and hint) lines to stderr and return the Exit to raise."""
+    _echo(error_lines(msg, hint))
     return typer.Exit(code)
 
 
+def _echo(lines: list[str]) -> None:
+    for line in lines:
+        typer.echo(line, err=True)
+
+
+def _usage_lines(e: cx.UsageError) -> list[str]:
+    """click's usage errors in our shape: what was wrong, then how to see the options."""
+    ctx = e.ctx
+    where = f"{ctx.command_path} --help" if ctx is not None else "nanoplan --help"
+    if isinstance(e, cx.NoSuchOption):
+        known = [o for p in (ctx.command.params if ctx else []) for o in (*p.opts, *p.secondary_opts)
+                 if o.startswith("--")]
+        near = e.possibilities or difflib.get_close_matches(e.option_name, known, n=1, cutoff=0.6)
+        hint = f"did you mean {' or '.join(sorted(near)[:2])}? (see {where})" if near else f"see {where}"
+        return error_lines(f"{e.option_name}: no such option for {ctx.command_path if ctx else 'nanoplan'}", hint)
+    if isinstance(e, cx.BadParameter) and e.param is not None:
+        longs = [o for o in e.param.opts if o.startswith("--")]
+        name = longs[0] if longs else (e.param.metavar or (e.param.name or "argument").upper())
+        if isinstance(e, cx.MissingParameter):
+            return error_lines(f"{name}: missing", f"see {where}")
+        return error_lines(f"{name}: {e.message[0].lower() + e.message[1:]}", f"see {where}")
+    msg = e.format_message()
+    extra = msg.partition("extra argument")[2].strip(" s()")
+    if extra.lower() in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        return error_lines(f"unexpected value {extra!r}", f"on/off flags take no value: give the flag alone, or leave "
+                           f"it out (see {where})")
+    if msg.startswith("No such command"):
+        cmds = list(getattr(ctx.command, "commands", {})) if ctx else []
+        bad = msg.split("'")[1] if "'" in msg else ""
+        near = difflib.get_close_matches(bad, cmds, n=1)
+        return error_lines(f"{bad!r} is not a nanoplan command",
+                           f"did you mean nanoplan {near[0]}?" if near else "see nanoplan --help")
+    return error_lines(msg[0].lower() + msg[1:] if msg else "bad usage", f"see {where}")
+
+
 def main() -> None:
+    code: int = 0
     try:
-        app()
+        rv = app(standalone_mode=False)
+        code = rv if isinstance(rv, int) else 0
     except PlanError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+        _echo(e.lines())
+        code = 2
     except ValidationError as e:
-        typer.echo(f"error: {cli_one_line(e)}", err=True)
-        sys.exit(2)
+        _echo(error_lines(cli_one_line(e)))
+        code = 2
+    except cx.NoArgsIsHelpError as e:
+        typer.echo(e.ctx.get_help())
+        code = 0
+    except cx.UsageError as e:
+        _echo(_usage_lines(e))
+        code = 2
+    except cx.ClickException as e:
+        _echo(error_lines(e.format_message()))
+        code = e.exit_code
+    except (getattr(cx, "Abort", typer.Abort), typer.Abort):
+        _echo(error_lines("interrupted"))
+        code = 130
+    sys.exit(code)

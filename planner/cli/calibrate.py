@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cli import app
+from planner.cli.common import examples
 from planner.errors import PlanError
 from planner.units import fmt_bytes, fmt_count
 
@@ -67,13 +68,17 @@ def _table(ms: list[Measurement], after: list[Plan]) -> Table:
     return t
 
 
-@app.command()
+@app.command(epilog=examples(
+    ("nanoplan calibrate runs/latest", "measured against predicted for one run"),
+    ("nanoplan calibrate runs/a runs/b --out my-h100.yaml", "fit a calibrated profile from two runs"),
+    ("nanoplan estimate --profile my-h100.yaml --budget 100", "then plan with it"),
+))
 def calibrate(
     run_dirs: Annotated[List[str], typer.Argument(metavar="RUN_DIR...", help="Run directories written by nanoplan run",
                                                   show_default=False)],
-    profile: Annotated[Optional[str], Opt(help="Base profile NAME or FILE.yaml (default: the runs' plan profile)")] = None,
-    out: Annotated[Optional[str], Opt(help="Write the calibrated profile YAML here")] = None,
-    skip_steps: Annotated[int, Opt(help="Warm-up/compile steps to drop per launch (at least 10% are dropped)")] = 5,
+    profile: Annotated[Optional[str], Opt(metavar="NAME|FILE", help="Base profile NAME or FILE.yaml (default: the runs' plan profile)")] = None,
+    out: Annotated[Optional[str], Opt(metavar="FILE", help="Write the calibrated profile YAML here")] = None,
+    skip_steps: Annotated[int, Opt(metavar="N", help="Warm-up/compile steps to drop per launch (at least 10% are dropped)")] = 5,
     json_out: Annotated[bool, Opt("--json", help="Print the measurements and the profile as JSON")] = False,
 ) -> None:
     """Measure finished or partial runs, compare with their plans, and fit a calibrated profile."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
-from planner.profiles import HardwareProfile, find_profile, load_profile_file, parse_gpu_spec
+from planner.profiles import HardwareProfile, load_profile_file, parse_gpu_spec
 from planner.spec import ModelSpec, nanochat, preset, style_spec
 from planner.units import parse_count
 
@@ -43,12 +43,7 @@ def resolve_model(*, depth: int | None, preset_name: str | None, style: str | No
 def resolve_profile(gpu: str, profile_file: str | None) -> HardwareProfile:
     if profile_file:
         return load_profile_file(profile_file)
-    from planner.profiles import _SPEC  # noqa: PLC0415
-
-    m = _SPEC.match(gpu)
-    if not m:
-        parse_gpu_spec(gpu)  # raises the one-line error
-    return find_profile(m.group(3))  # type: ignore[union-attr]
+    return parse_gpu_spec(gpu).profile
 
 
 def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta | None, int | None]:
@@ -61,3 +56,52 @@ def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta
 
 def default_nanochat(seq_len: int | None, vocab: int | None) -> ModelSpec:
     return nanochat(20, seq_len or 2048, vocab or 65536)
+
+
+# ---------------------------------------------------------------- help text shared by the commands
+
+FLAG = ""   # metavar for on/off flags: help shows no value type (a flag takes no value)
+
+
+def examples(*rows: tuple[str, str]) -> str:
+    """A command's help epilog: 'Examples', then each command with what it does on the next line."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    out = ["[bold]Examples[/bold]"]
+    for cmd, what in rows:
+        out.append(f"  [dim]# {escape(what)}[/dim]\n  {escape(cmd)}")
+    return "\n".join(out)
+
+
+def price_of(price: str | None, price_per_node: str | None) -> tuple[float | None, str]:
+    """--price / --price-per-node -> (USD per GPU- or node-hour, 'gpu'|'node')."""
+    from planner.errors import PlanError  # noqa: PLC0415
+    from planner.units import parse_price  # noqa: PLC0415
+
+    if price is not None and price_per_node is not None:
+        raise PlanError("--price-per-node", "conflicts with --price", "give one: --price USD per GPU-hour, or "
+                        "--price-per-node USD per node-hour (or --price 24/h/node)")
+    if price_per_node is not None:
+        return parse_price(price_per_node, "--price-per-node")[0], "node"
+    if price is not None:
+        return parse_price(price, "--price")
+    return None, "gpu"
+
+
+def writable_target(path: str, option: str = "--out") -> bool:
+    """Whether to write a file at `path`: False for a character device such as /dev/null (the output is
+    discarded; an atomic temp-file-and-rename would replace the device), an error for a directory."""
+    import os  # noqa: PLC0415
+    import stat  # noqa: PLC0415
+
+    from planner.errors import PlanError  # noqa: PLC0415
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return True
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return False
+    if stat.S_ISDIR(mode):
+        raise PlanError(option, f"{path} is a directory", f"give a file name, e.g. {option} {path.rstrip('/')}/plan.json")
+    return True

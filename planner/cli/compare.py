@@ -8,34 +8,52 @@ import typer
 from rich.console import Console
 
 from planner.cli import app
-from planner.cli.common import resolve_model
+from planner.cli.common import FLAG, examples, resolve_model
 from planner.errors import PlanError
-from planner.units import parse_count
+from planner.units import parse_count, parse_hours, parse_money
 
 Opt = typer.Option
+DEFAULT_GPUS = "8xB200,8xH200,8xH100,8xA100,4xH100,4xA100,H100,2x8xH100"
 
 
-@app.command()
+@app.command(help="The best run for a budget (or hours) on each GPU configuration, side by side. The table keeps "
+                  "the columns that fit the terminal (--wide for all); --format gives csv, markdown or json.",
+             epilog=examples(
+                 ("nanoplan compare --budget 1000", "the default GPU line-up at $1,000"),
+                 ("nanoplan compare --budget 1k --provider runpod --plot compare.png", "RunPod prices, and a chart"),
+                 ("nanoplan compare --hours 24 --gpus 8xH100,8xL40S,8xRTX-4090 --depth 20", "one model, 24 hours"),
+                 ("nanoplan compare --budget 500 --price H100=2.49,A100=1.29 --format csv", "your own prices, as CSV"),
+             ))
 def compare(
-    budget: Annotated[Optional[float], Opt(help="Dollar budget per configuration")] = None,
-    hours: Annotated[Optional[float], Opt(help="Compare at a fixed number of hours instead of a budget")] = None,
-    gpus: Annotated[str, Opt(help="Comma-separated GPU specs (nodes x GPUs x type allowed: 2x8xH100)")] =
-        "8xB200,8xH200,8xH100,8xA100,4xH100,4xA100,H100,2x8xH100",
-    depth: Annotated[Optional[int], Opt(help="Fix the model: nanochat-style depth (default: search)")] = None,
-    preset: Annotated[Optional[str], Opt(help="Fix the model: a named preset (default: search)")] = None,
-    style: Annotated[Optional[str], Opt(help="Family of the searched depths: nanochat, gpt2, llama")] = None,
-    vocab_size: Annotated[Optional[int], Opt(help="Vocabulary size (default: the style's)")] = None,
-    seq_len: Annotated[Optional[int], Opt(help="Sequence length T")] = None,
-    total_batch_tokens: Annotated[int, Opt(help="Tokens per optimizer step")] = 524_288,
-    objective: Annotated[str, Opt(help="loss | max-model | throughput | chinchilla")] = "loss",
-    dataset_tokens: Annotated[Optional[str], Opt(help="Dataset size in tokens: 350M, 1.2B, 5e9")] = None,
-    provider: Annotated[Optional[str], Opt(help="Price provider where a GPU has one (else its default)")] = None,
-    headroom: Annotated[float, Opt(help="Memory headroom fraction")] = 0.05,
-    format: Annotated[str, Opt("--format", help="table | csv | markdown | json")] = "table",
-    plot: Annotated[Optional[str], Opt(help="Write the cost-vs-time Pareto chart to this PNG (needs matplotlib)")] = None,
+    budget: Annotated[Optional[str], Opt(metavar="USD", help="Dollar budget per configuration: 1000, 1k")] = None,
+    hours: Annotated[Optional[str], Opt(metavar="H", help="Compare at a fixed number of hours instead: 24, 90m")] = None,
+    gpus: Annotated[str, Opt(metavar="SPECS", show_default=False,
+                             help="Comma-separated GPU configurations, nodes×GPUs×type (default: "
+                                  + ", ".join(DEFAULT_GPUS.split(",")) + ")")] = DEFAULT_GPUS,
+    provider: Annotated[Optional[str], Opt(metavar="NAME", help="Whose prices, where a GPU has them (else its "
+                                                                 "default): modal, aws, lambda, runpod")] = None,
+    price: Annotated[Optional[str], Opt(metavar="USD", help="Your price per GPU-hour for every configuration "
+                                                             "(2.5), or per type: H100=2.49,B200=5.99; "
+                                                             "24/h/node for a node")] = None,
+    depth: Annotated[Optional[int], Opt(metavar="N", help="Fix the model: nanochat-style depth (default: "
+                                                           "search)")] = None,
+    preset: Annotated[Optional[str], Opt(metavar="NAME", help="Fix the model: a named preset (default: search)")] = None,
+    style: Annotated[Optional[str], Opt(metavar="NAME", help="Family of the searched depths: nanochat, gpt2, "
+                                                              "llama")] = None,
+    vocab_size: Annotated[Optional[int], Opt(metavar="N", help="Vocabulary size (default: the style's)")] = None,
+    seq_len: Annotated[Optional[int], Opt(metavar="T", help="Sequence length")] = None,
+    total_batch_tokens: Annotated[int, Opt(metavar="N", help="Tokens per optimizer step")] = 524_288,
+    objective: Annotated[str, Opt(metavar="NAME", help="loss | value | max-model | throughput | "
+                                                        "chinchilla")] = "loss",
+    dataset_tokens: Annotated[Optional[str], Opt(metavar="N", help="Unique tokens in your dataset: 350M, 3B")] = None,
+    headroom: Annotated[float, Opt(metavar="F", help="Memory kept free, a fraction of the GPU")] = 0.05,
+    format: Annotated[str, Opt("--format", metavar="FMT", help="table | csv | markdown | json")] = "table",
+    wide: Annotated[bool, Opt("--wide", metavar=FLAG, help="Every column, however wide the table")] = False,
+    plot: Annotated[Optional[str], Opt(metavar="PNG", help="Also draw cost against time to this PNG (needs "
+                                                            "matplotlib)")] = None,
 ) -> None:
-    """The best run for a budget (or hours) on each GPU configuration, side by side."""
-    from planner.compare import FORMATS  # noqa: PLC0415
+    """The best run for a budget (or hours) on each GPU configuration (help text in the decorator)."""
+    from planner.compare import FORMATS, parse_prices  # noqa: PLC0415
     from planner.compare import compare as run_compare  # noqa: PLC0415
     from planner.search import OBJECTIVES, Length, Settings, depth_ladder  # noqa: PLC0415
 
@@ -51,7 +69,12 @@ def compare(
         raise PlanError("--seq-len", f"must be a positive integer, got {seq_len}")
     if total_batch_tokens <= 0:
         raise PlanError("--total-batch-tokens", f"must be a positive integer, got {total_batch_tokens}")
-    length = Length(budget_usd=budget, hours=hours)
+    if (budget is None) == (hours is None):
+        raise PlanError("--budget" if budget is None else "--hours",
+                        "give exactly one of --budget or --hours" + (", not both" if budget is not None else ""),
+                        "e.g. nanoplan compare --budget 1000")
+    length = Length(budget_usd=parse_money(budget, "--budget") if budget is not None else None,
+                    hours=parse_hours(hours, "--hours") if hours is not None else None)
     spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=None, d_model=None, n_head=None,
                          n_kv_head=None, d_ff=None, vocab_size=vocab_size, seq_len=seq_len)
     models = [spec] if spec is not None else depth_ladder(style or "nanochat", seq_len=seq_len or 2048,
@@ -59,16 +82,18 @@ def compare(
     settings = Settings(total_batch_tokens=total_batch_tokens, headroom=headroom,
                         dataset_tokens=parse_count(dataset_tokens, "--dataset-tokens") if dataset_tokens else None)
     gpu_list = [g.strip() for g in gpus.split(",") if g.strip()]
-    cmp = run_compare(gpu_list, models, length, settings, objective=objective, provider=provider)
+    cmp = run_compare(gpu_list, models, length, settings, objective=objective, provider=provider,
+                      prices=parse_prices(price))
     if plot is not None:
         from planner.compare import plot as draw  # noqa: PLC0415
 
         draw(cmp, plot)
     if format == "table":
         from planner.compare import rich_table  # noqa: PLC0415
+        from planner.tables import print_table  # noqa: PLC0415
 
         console = Console()
-        console.print(rich_table(cmp))
+        print_table(console, rich_table(cmp, None if wide else console.width))
         if plot is not None:
             console.print(f"[green]wrote {plot}[/green]")
         return

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 
 from planner.cli import app
+from planner.cli.common import examples
 
 Opt = typer.Option
 
@@ -38,14 +39,18 @@ def _rich_progress(stack: ExitStack, console: Console) -> Callable[[str, int, in
     return update
 
 
-@app.command("prepare-data")
+@app.command("prepare-data", epilog=examples(
+    ("nanoplan prepare-data examples/tiny/text.txt --out data/tiny", "bytes as tokens (vocab 256)"),
+    ("nanoplan prepare-data a.txt b.txt --out data/mine --tokenizer bpe --vocab-size 8192", "train a BPE here"),
+    ("nanoplan estimate --data data/mine --budget 100", "plan on it: token count and vocab from meta.json"),
+))
 def prepare_data(
     inputs: Annotated[List[str], typer.Argument(help="Text files to tokenise, in order", metavar="INPUT", show_default=False)],
     out: Annotated[str, Opt("--out", metavar="DATA_DIR", help="DATA_DIR to write train.bin, val.bin, meta.json into")],
-    tokenizer: Annotated[str, Opt(help="byte (vocab 256) | char (alphabet of the data) | bpe (trained here)")] = "byte",
-    vocab_size: Annotated[Optional[int], Opt(help="bpe only: target vocabulary size (default 8192)")] = None,
-    val_fraction: Annotated[float, Opt(help="Validation share: the tail of every 4 MiB block of each input")] = 0.01,
-    chunk_mb: Annotated[float, Opt(help="Read chunk size in MiB")] = 4.0,
+    tokenizer: Annotated[str, Opt(metavar="NAME", help="byte (vocab 256) | char (alphabet of the data) | bpe (trained here)")] = "byte",
+    vocab_size: Annotated[Optional[int], Opt(metavar="N", help="bpe only: target vocabulary size (default 8192)")] = None,
+    val_fraction: Annotated[float, Opt(metavar="F", help="Validation share: the tail of every 4 MiB block of each input")] = 0.01,
+    chunk_mb: Annotated[float, Opt(metavar="MB", help="Read chunk size in MiB")] = 4.0,
 ) -> None:
     """Tokenise text files into uint16/uint32 token files for `nanoplan run` and `estimate --data`."""
     from planner.errors import PlanError  # noqa: PLC0415

@@ -7,92 +7,165 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from planner.cli import app
-from planner.cli.common import resolve_data, resolve_model, resolve_profile
+from planner.cli.common import (
+    FLAG,
+    examples,
+    price_of,
+    resolve_data,
+    resolve_model,
+    resolve_profile,
+    writable_target,
+)
 from planner.errors import PlanError
 from planner.fit import fit_model
 from planner.plan import Plan, save_plan
-from planner.report import print_plan
-from planner.units import parse_count
+from planner.report import print_plan, verdict
+from planner.units import parse_count, parse_hours, parse_money
 
 Opt = typer.Option
+LENGTH, MODEL, BATCH, HARDWARE, SEARCH, OUTPUT = ("Length and data", "Model", "Batch and memory",
+                                                  "Hardware and price", "Search", "Output")
 
 
-@app.command()
+@app.command(help="Plan one training run: model, memory, batch, throughput, hours, tokens and dollars. With no "
+             "model given (--depth, --preset or dims) it searches model size and settings. Exit 0 with a plan; 1 when "
+             "the model you pinned does not fit (the plan is still written, fits: false); 2 on bad input.",
+             epilog=examples(
+    ("nanoplan estimate --budget 100", "the best model $100 buys on 8×H100; writes plan.json"),
+    ("nanoplan estimate --gpu 4xA100 --hours 12 --depth 20", "a given model for 12 hours on 4×A100"),
+    ("nanoplan estimate --budget 1k --dataset-tokens 3B --objective value", "data-limited, cheapest within 0.5%"),
+    ("nanoplan estimate --gpu 2x8xH100 --budget 5000 --price 24/h/node", "your own price, per 8-GPU node"),
+))
 def estimate(
-    gpu: Annotated[str, Opt(help="GPU spec: H100, 4xH100, 8xH100-PCIe, 8xA100-40GB, 2x8xH100, 2xCPU")] = "8xH100",
-    budget: Annotated[Optional[float], Opt(help="Dollar budget; sets the length")] = None,
-    hours: Annotated[Optional[float], Opt(help="Wall-clock hours; sets the length")] = None,
-    steps: Annotated[Optional[int], Opt(help="Optimizer steps; sets the length")] = None,
-    depth: Annotated[Optional[int], Opt(help="nanochat-style depth (d_model = 64·depth)")] = None,
-    preset: Annotated[Optional[str], Opt(help="Named model: tiny, d20, d32, gpt2, gpt2-xl, llama3.2-1b, ...")] = None,
-    style: Annotated[Optional[str], Opt(help="Family for --depth or explicit dims: nanochat, gpt2, llama")] = None,
-    n_layer: Annotated[Optional[int], Opt(help="Explicit dims: layers")] = None,
-    d_model: Annotated[Optional[int], Opt(help="Explicit dims: width")] = None,
-    n_head: Annotated[Optional[int], Opt(help="Explicit dims: attention heads")] = None,
-    n_kv_head: Annotated[Optional[int], Opt(help="Explicit dims: key/value heads (GQA)")] = None,
-    d_ff: Annotated[Optional[int], Opt(help="Explicit dims: MLP width")] = None,
-    vocab_size: Annotated[Optional[int], Opt(help="Vocabulary size (default: the style's, or --data's)")] = None,
-    seq_len: Annotated[Optional[int], Opt(help="Sequence length T")] = None,
-    device_batch_size: Annotated[Optional[int], Opt(help="Micro-batch per GPU (default: largest that fits)")] = None,
-    total_batch_tokens: Annotated[int, Opt(help="Tokens per optimizer step")] = 524_288,
-    strategy: Annotated[Optional[str], Opt(help="ddp | zero1 | zero2 | fsdp (default: ddp, or the simplest that fits)")] = None,
-    activation_checkpointing: Annotated[Optional[bool], Opt("--activation-checkpointing/--no-activation-checkpointing",
-                                                            help="default: off, or on when needed to fit")] = None,
-    precision: Annotated[Optional[str], Opt(help="bf16-autocast | bf16 | fp32 (CPU default fp32)")] = None,
-    optimizer: Annotated[str, Opt(help="adamw | muon")] = "adamw",
-    loss_chunk_tokens: Annotated[int, Opt(help="Tokens per chunk of the chunked loss (0 = whole batch)")] = 4096,
-    compile: Annotated[Optional[bool], Opt("--compile/--no-compile", help="torch.compile (default: on for GPUs)")] = None,
-    dataset_tokens: Annotated[Optional[str], Opt(help="Dataset size in tokens: 350M, 1.2B, 5e9")] = None,
-    max_epochs: Annotated[Optional[float], Opt(help="Stop at this many epochs of the dataset (search default: 4)")] = None,
-    data: Annotated[Optional[str], Opt(help="DATA_DIR from nanoplan prepare-data (token count, vocab)")] = None,
-    provider: Annotated[Optional[str], Opt(help="Price provider (see nanoplan profiles)")] = None,
-    price: Annotated[Optional[float], Opt(help="Override: USD per GPU-hour")] = None,
-    profile: Annotated[Optional[str], Opt(help="Your own hardware profile YAML")] = None,
-    checkpoint_every_minutes: Annotated[float, Opt(help="Checkpoint cadence in minutes (fractions allowed)")] = 60.0,
-    keep_last: Annotated[int, Opt(help="Checkpoints kept (plus the best)")] = 3,
-    headroom: Annotated[float, Opt(help="Memory headroom fraction")] = 0.05,
-    mfu: Annotated[Optional[float], Opt(help="Override the profile's MFU")] = None,
-    objective: Annotated[str, Opt(help="When no model is given: loss | max-model | throughput | chinchilla")] = "loss",
-    top: Annotated[int, Opt(help="Runners-up to show when searching")] = 5,
-    run_dir: Annotated[str, Opt(help="Run directory for nanoplan run")] = "runs/latest",
-    out: Annotated[Optional[str], Opt(help="Write plan.json here")] = None,
-    json_out: Annotated[bool, Opt("--json", help="Print the plan as JSON")] = False,
+    budget: Annotated[Optional[str], Opt(metavar="USD", rich_help_panel=LENGTH,
+                                         help="Dollar budget: 1000, 1,000, 1k or '$1000'")] = None,
+    hours: Annotated[Optional[str], Opt(metavar="H", rich_help_panel=LENGTH,
+                                        help="Wall-clock length instead: 12, 1.5h, 90m")] = None,
+    steps: Annotated[Optional[str], Opt(metavar="N", rich_help_panel=LENGTH,
+                                        help="Optimizer steps instead: 5000, 20k")] = None,
+    dataset_tokens: Annotated[Optional[str], Opt(metavar="N", rich_help_panel=LENGTH,
+                                                 help="Unique tokens in your dataset: 350M, 3B")] = None,
+    data: Annotated[Optional[str], Opt(metavar="DIR", rich_help_panel=LENGTH,
+                                       help="DATA_DIR from nanoplan prepare-data (tokens, vocab)")] = None,
+    max_epochs: Annotated[Optional[float], Opt(metavar="E", rich_help_panel=LENGTH,
+                                               help="Stop after this many epochs of the data (search: 4)")] = None,
+    depth: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL,
+                                        help="nanochat-style depth, d_model = 64·depth (default: search)")] = None,
+    preset: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=MODEL,
+                                         help="Named model: tiny, d20, d32, gpt2, gpt2-xl, llama3.2-1b, ...")] = None,
+    style: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=MODEL,
+                                        help="Family: nanochat, gpt2, llama")] = None,
+    n_layer: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL, help="Explicit dims: layers")] = None,
+    d_model: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL, help="Explicit dims: width")] = None,
+    n_head: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL, help="Explicit dims: heads")] = None,
+    n_kv_head: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL,
+                                            help="Explicit dims: key/value heads (GQA)")] = None,
+    d_ff: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL, help="Explicit dims: MLP width")] = None,
+    vocab_size: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL,
+                                             help="Vocabulary (default: the style's, or --data's)")] = None,
+    seq_len: Annotated[Optional[int], Opt(metavar="T", rich_help_panel=MODEL, help="Sequence length")] = None,
+    device_batch_size: Annotated[Optional[int], Opt(metavar="B", rich_help_panel=BATCH,
+                                                    help="Micro-batch per GPU (default: largest that fits)")] = None,
+    total_batch_tokens: Annotated[int, Opt(metavar="N", rich_help_panel=BATCH,
+                                           help="Tokens per optimizer step")] = 524_288,
+    strategy: Annotated[Optional[str], Opt(metavar="S", rich_help_panel=BATCH,
+                                           help="ddp | zero1 | zero2 | fsdp (default: simplest that fits)")] = None,
+    activation_checkpointing: Annotated[bool, Opt("--activation-checkpointing", metavar=FLAG, rich_help_panel=BATCH,
+                                                  help="Recompute activations in the backward pass (default: only "
+                                                       "when needed to fit; the --no- form forbids it)")] = False,
+    no_activation_checkpointing: Annotated[bool, Opt("--no-activation-checkpointing", hidden=True)] = False,
+    precision: Annotated[Optional[str], Opt(metavar="P", rich_help_panel=BATCH,
+                                            help="bf16-autocast | bf16 | fp32 (CPU: fp32)")] = None,
+    optimizer: Annotated[str, Opt(metavar="NAME", rich_help_panel=BATCH, help="adamw | muon")] = "adamw",
+    loss_chunk_tokens: Annotated[int, Opt(metavar="N", rich_help_panel=BATCH,
+                                          help="Tokens per chunk of the loss (0: whole batch)")] = 4096,
+    compile: Annotated[bool, Opt("--compile", metavar=FLAG, rich_help_panel=BATCH,
+                                 help="torch.compile (default: on for GPUs, off for CPU; --no-compile: off)")] = False,
+    no_compile: Annotated[bool, Opt("--no-compile", hidden=True)] = False,
+    headroom: Annotated[float, Opt(metavar="F", rich_help_panel=BATCH,
+                                   help="Memory kept free, a fraction of the GPU")] = 0.05,
+    gpu: Annotated[str, Opt(metavar="SPEC", rich_help_panel=HARDWARE,
+                            help="GPUs: H100, 8xH100, 8x A100, 2x8xH100 (nodes×GPUs×type), 2xCPU")] = "8xH100",
+    provider: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=HARDWARE,
+                                           help="Whose price: modal, aws, lambda, runpod, ... "
+                                                "(nanoplan profiles)")] = None,
+    price: Annotated[Optional[str], Opt(metavar="USD", rich_help_panel=HARDWARE,
+                                        help="Your price per GPU-hour (3.95), or per node-hour: 24/h/node")] = None,
+    price_per_node: Annotated[Optional[str], Opt(metavar="USD", rich_help_panel=HARDWARE,
+                                                 help="Your price per node-hour (a node: the GPUs per node of "
+                                                      "--gpu)")] = None,
+    profile: Annotated[Optional[str], Opt(metavar="FILE", rich_help_panel=HARDWARE,
+                                          help="Your own hardware profile YAML")] = None,
+    mfu: Annotated[Optional[float], Opt(metavar="F", rich_help_panel=HARDWARE,
+                                        help="Override the profile's model FLOPs utilisation")] = None,
+    objective: Annotated[str, Opt(metavar="NAME", rich_help_panel=SEARCH,
+                                  help="loss | value | max-model | throughput | chinchilla")] = "loss",
+    top: Annotated[int, Opt(metavar="N", rich_help_panel=SEARCH, help="Runners-up to show")] = 5,
+    out: Annotated[Optional[str], Opt(metavar="FILE", rich_help_panel=OUTPUT,
+                                      help="Write the plan here (default: plan.json; with --json only if given)")] = None,
+    json_out: Annotated[bool, Opt("--json", metavar=FLAG, rich_help_panel=OUTPUT,
+                                  help="Print the plan as JSON instead of tables")] = False,
+    wide: Annotated[bool, Opt("--wide", metavar=FLAG, rich_help_panel=OUTPUT,
+                              help="Show every column of the runners-up, however wide")] = False,
+    run_dir: Annotated[str, Opt(metavar="DIR", rich_help_panel=OUTPUT,
+                                help="Run directory for nanoplan run")] = "runs/latest",
+    checkpoint_every_minutes: Annotated[float, Opt(metavar="MIN", rich_help_panel=OUTPUT,
+                                                   help="Checkpoint cadence in minutes")] = 60.0,
+    keep_last: Annotated[int, Opt(metavar="N", rich_help_panel=OUTPUT, help="Checkpoints kept (plus the best)")] = 3,
 ) -> None:
-    """Plan one training run: parameters, VRAM, batch, throughput, hours, tokens, dollars."""
+    """Plan one training run (the help text is in the decorator)."""
+    if activation_checkpointing and no_activation_checkpointing:
+        raise PlanError("--no-activation-checkpointing", "conflicts with --activation-checkpointing", "give one")
+    ac = True if activation_checkpointing else False if no_activation_checkpointing else None
+    if compile and no_compile:
+        raise PlanError("--no-compile", "conflicts with --compile", "give one")
+    compiled = True if compile else False if no_compile else None
+    budget_usd = parse_money(budget, "--budget") if budget is not None else None
+    hours_h = parse_hours(hours, "--hours") if hours is not None else None
+    n_steps = parse_count(steps, "--steps") if steps is not None else None
+    usd, per = price_of(price, price_per_node)
     prof = resolve_profile(gpu, profile)
+    if usd is not None and per == "node":
+        from planner.profiles import parse_gpu_spec  # noqa: PLC0415
+
+        usd = usd / parse_gpu_spec(gpu, profile=prof).gpus_per_node   # PlanRequest.price is per GPU-hour
     meta, ds_tokens = resolve_data(data, dataset_tokens)
     vocab = vocab_size or (meta.vocab_size if meta else None)
     spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=n_layer, d_model=d_model,
                          n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
     is_cpu = prof.kind == "cpu"
     base = dict(
-        gpu=gpu, profile=prof, provider=provider, price=price, device_batch_size=device_batch_size,
+        gpu=gpu, profile=prof, provider=provider, price=usd, device_batch_size=device_batch_size,
         total_batch_tokens=total_batch_tokens, precision=precision or ("fp32" if is_cpu else "bf16-autocast"),
-        optimizer=optimizer, strategy=strategy or "ddp", activation_checkpointing=bool(activation_checkpointing),
-        loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compile is None else compile,
-        budget_usd=budget, hours=hours, steps=steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
+        optimizer=optimizer, strategy=strategy or "ddp", activation_checkpointing=bool(ac),
+        loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compiled is None else compiled,
+        budget_usd=budget_usd, hours=hours_h, steps=n_steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
         data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes, keep_last=keep_last,
         headroom=headroom, mfu=mfu, run_dir=run_dir,
     )
-    plan_path = out or "plan.json"
+    write_to = out if (out or json_out) else "plan.json"
+    plan_path = write_to or "plan.json"
+    if write_to and not writable_target(write_to):   # /dev/null and the like: show the plan, write nothing
+        write_to = None
     console = Console()
     if spec is None:
         from planner.search import search_cli  # noqa: PLC0415
 
         plan = search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
-                          style=style, plan_path=plan_path, console=None if json_out else console)
+                          style=style, plan_path=plan_path, console=None if json_out else console, wide=wide)
     else:
-        plan, why, _ = fit_model(spec, base, strategy=strategy, ac=activation_checkpointing, plan_path=plan_path)
+        plan, why, _ = fit_model(spec, base, strategy=strategy, ac=ac, plan_path=plan_path)
         if why and not json_out:
             from rich.panel import Panel  # noqa: PLC0415
 
             console.print(Panel("\n".join(f"• {x}" for x in why), title=f"How {plan.model.name} fits" if plan.memory.fits
                                 else f"{plan.model.name} does not fit",
                                 title_align="left"))
-    _emit(plan, out, json_out, console)
+    _emit(plan, write_to, json_out, console)
+    if not plan.memory.fits:
+        raise typer.Exit(1)
 
 
 def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None:
@@ -102,28 +175,38 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None
         print_plan(plan, console)
     if out:
         save_plan(plan, out)
-        if not json_out:
-            console.print(f"[green]wrote {out}[/green]")
+    if not json_out:
+        # one logical line, never hard-wrapped: the terminal folds it, and `| tail -1` gets all of it
+        console.print(verdict(plan, out), style="bold" if plan.memory.fits else "bold red", highlight=False,
+                      soft_wrap=True)
 
 
-@app.command()
+@app.command(epilog=examples(("nanoplan profiles", "every GPU type, its figures and prices"),
+                             ("nanoplan estimate --gpu 8xL40S --budget 100", "then plan on one of them")))
 def profiles() -> None:
     """List the built-in hardware profiles and their prices."""
     from planner.profiles import builtin_profiles  # noqa: PLC0415
+    from planner.tables import Col, fit_table, print_table  # noqa: PLC0415
 
-    t = Table(title="Hardware profiles (dense peaks; prices per GPU-hour)")
-    for col in ("name", "memory", "usable", "HBM TB/s", "BF16 TFLOP/s", "link GB/s", "MFU", "prices"):
-        t.add_column(col)
+    console = Console()
+    cols = [Col("name", 0, "left"), Col("memory", 0), Col("BF16 TFLOP/s", 0), Col("HBM TB/s", 2),
+            Col("link GB/s", 3), Col("MFU", 1), Col("usable", 4), Col("price", 0, "left")]
+    rows = []
     for p in builtin_profiles().values():
-        prices = ", ".join(f"{x.provider} ${x.usd_per_gpu_hour:.2f} ({x.date})" +
-                           ("*" if x.provider == p.default_provider else "") for x in p.prices)
-        t.add_row(p.name, f"{p.memory_gb:g} GB", f"{p.usable_bytes / 2**30:.1f} GiB", f"{p.hbm_tb_s:g}",
-                  f"{p.bf16_tflops:g}", f"{p.intra_node_gb_s:g}/{p.inter_node_gb_s:g}", f"{p.default_mfu:.2f}", prices)
-    Console().print(t)
-    Console().print("* default provider. Sources: each YAML in hardware_profiles/ names one per figure.")
+        d = p.price()
+        others = len(p.prices) - 1
+        rows.append([p.name, f"{p.memory_gb:g} GB", f"{p.bf16_tflops:g}", f"{p.hbm_tb_s:g}",
+                     f"{p.intra_node_gb_s:g}/{p.inter_node_gb_s:g}", f"{p.default_mfu:.2f}",
+                     f"{p.usable_bytes / 2**30:.1f} GiB",
+                     f"${d.usd_per_gpu_hour:.2f} {d.provider} ({d.date})" + (f" +{others}" if others else "")])
+    print_table(console, fit_table(cols, rows, console.width, title="Hardware profiles (dense peaks; price per "
+                                   "GPU-hour, the default provider's)"))
+    console.print("+N: more providers (--provider NAME). Every figure's source: hardware_profiles/*.yaml and "
+                  "docs/hardware.md.", highlight=False)
 
 
-@app.command()
+@app.command(epilog=examples(("nanoplan schema > plan.schema.json", "the JSON schema of plan.json"),
+                             ("nanoplan schema | python -m json.tool | less", "read it")))
 def schema() -> None:
     """Print the JSON schema of plan.json."""
     typer.echo(json.dumps(Plan.model_json_schema(), indent=2))

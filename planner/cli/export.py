@@ -8,24 +8,28 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli import app
+from planner.cli.common import examples, writable_target
 from planner.errors import PlanError
 from planner.plan import atomic_write_text, load_plan
 
 Opt = typer.Option
 
 
-@app.command()
+@app.command(epilog=examples(
+    ("nanoplan export plan.json --slurm --out train.sbatch", "an sbatch script"),
+    ("nanoplan export plan.json --skypilot --bucket s3://my-bucket/run", "a SkyPilot task YAML"),
+))
 def export(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.json from nanoplan estimate --out")],
     slurm: Annotated[bool, Opt("--slurm", help="Write a SLURM sbatch script")] = False,
     skypilot: Annotated[bool, Opt("--skypilot", help="Write a SkyPilot task YAML")] = False,
-    bucket: Annotated[Optional[str], Opt(
+    bucket: Annotated[Optional[str], Opt(metavar="URL|DIR",
         help="Where the run dir lives: a bucket URL for --skypilot (mounted, required), "
              "a shared directory for --slurm (default: the plan's run_dir)")] = None,
-    time_margin: Annotated[float, Opt(help="SLURM time limit = plan hours × (1 + margin)")] = 0.1,
-    partition: Annotated[Optional[str], Opt(help="SLURM partition")] = None,
-    account: Annotated[Optional[str], Opt(help="SLURM account")] = None,
-    out: Annotated[Optional[str], Opt(help="Write here (atomically) instead of stdout")] = None,
+    time_margin: Annotated[float, Opt(metavar="F", help="SLURM time limit = plan hours × (1 + margin)")] = 0.1,
+    partition: Annotated[Optional[str], Opt(metavar="NAME", help="SLURM partition")] = None,
+    account: Annotated[Optional[str], Opt(metavar="NAME", help="SLURM account")] = None,
+    out: Annotated[Optional[str], Opt(metavar="FILE", help="Write here (atomically) instead of stdout")] = None,
 ) -> None:
     """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
     from planner.export import skypilot_task, slurm_script  # noqa: PLC0415
@@ -50,7 +54,8 @@ def export(
     else:
         text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd)
     if out:
-        atomic_write_text(out, text)
-        typer.echo(f"wrote {out}", err=True)
+        if writable_target(out):
+            atomic_write_text(out, text)
+            typer.echo(f"wrote {out}", err=True)
     else:
         typer.echo(text, nl=False)

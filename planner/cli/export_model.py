@@ -14,6 +14,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from planner.cli import app
+from planner.cli.common import examples
 from planner.errors import PlanError
 
 Opt = typer.Option
@@ -65,11 +66,14 @@ def _plan_check(run_dir: Path, meta: dict[str, Any], sd: dict[str, Any]) -> str:
     return f"matches the model of {plan_path} ({plan.request.model.name}): GPT(spec).load_state_dict works"
 
 
-@app.command("export-model")
+@app.command("export-model", epilog=examples(
+    ("nanoplan export-model runs/latest", "the newest intact checkpoint as one model file"),
+    ("nanoplan export-model runs/latest --step 2000 --out model.pt", "a given step, to a given file"),
+))
 def export_model(
     run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="Run directory of nanoplan run")],
-    step: Annotated[Optional[int], Opt(help="Checkpoint step (default: the newest intact one)")] = None,
-    out: Annotated[Optional[str], Opt(help="Model file to write (default: RUN_DIR/model_step_N.pt)")] = None,
+    step: Annotated[Optional[int], Opt(metavar="N", help="Checkpoint step (default: the newest intact one)")] = None,
+    out: Annotated[Optional[str], Opt(metavar="FILE", help="Model file to write (default: RUN_DIR/model_step_N.pt)")] = None,
 ) -> None:
     """One model file (a state dict) from a checkpoint, sharded (DCP) or not, for inference."""
     from runner import checkpoint as ck  # noqa: PLC0415

@@ -12,24 +12,32 @@ from typing import Annotated, Optional
 import typer
 
 from planner.cli import app
+from planner.cli.common import examples
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
 Opt = typer.Option
 
 
-@app.command()
+@app.command(epilog=examples(
+    ("nanoplan run plan.json --dry-run", "print the torchrun command, run nothing"),
+    ("nanoplan run plan.json --data data/tiny", "train on a prepared DATA_DIR"),
+    ("nanoplan run plan.json --resume", "continue from the run dir's last checkpoint"),
+    ("nanoplan run plan.json --node-rank 1 --rdzv-endpoint head:29500", "a second node of a 2-node plan"),
+))
 def run(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN.json", help="plan.json from nanoplan estimate --out")],
-    run_dir: Annotated[Optional[str], Opt(help="Checkpoints and metrics go here (default: the plan's run_dir)")] = None,
-    data: Annotated[Optional[str], Opt(help="DATA_DIR from nanoplan prepare-data (default: the plan's)")] = None,
+    run_dir: Annotated[Optional[str], Opt(metavar="DIR", help="Checkpoints and metrics go here (default: the plan's run_dir)")] = None,
+    data: Annotated[Optional[str], Opt(metavar="DIR", help="DATA_DIR from nanoplan prepare-data (default: the plan's)")] = None,
     dry_run: Annotated[bool, Opt("--dry-run", help="Print the torchrun command and exit")] = False,
     resume: Annotated[bool, Opt("--resume", help="Require a checkpoint in the run dir to resume from")] = False,
     force: Annotated[bool, Opt("--force", help="Launch despite preflight problems or a different plan's checkpoints")] = False,
-    nnodes: Annotated[Optional[int], Opt(help="Nodes (default: the plan's)")] = None,
-    node_rank: Annotated[int, Opt(help="This node's rank (multi-node)")] = 0,
-    rdzv_endpoint: Annotated[Optional[str], Opt(help="HOST:PORT of the c10d rendezvous (multi-node)")] = None,
-    max_restarts: Annotated[int, Opt(help="torchrun restarts after a worker crash (each resumes)")] = DEFAULT_MAX_RESTARTS,
+    nnodes: Annotated[Optional[int], Opt(metavar="N", help="Nodes (default: the plan's)")] = None,
+    node_rank: Annotated[int, Opt(metavar="N", help="This node's rank (multi-node)")] = 0,
+    rdzv_endpoint: Annotated[Optional[str], Opt(metavar="HOST:PORT", help="HOST:PORT of the c10d rendezvous (multi-node)")] = None,
+    max_restarts: Annotated[int, Opt(metavar="N", help="torchrun restarts after a worker crash (each resumes)")] = DEFAULT_MAX_RESTARTS,
+    probe: Annotated[bool, Opt("--probe", help="First measure the plan here (nanoplan probe), then run the corrected "
+                                               "plan RUN_DIR/plan.probed.json")] = False,
 ) -> None:
     """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
     from planner.build import rederive  # noqa: PLC0415
@@ -59,6 +67,18 @@ def run(
         if bad:
             raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad, f"pass --run-dir {plan.launch.run_dir} to use it anyway")
     rdir = run_dir or plan.launch.run_dir
+    if probe:
+        from planner.cli.probe import print_probe  # noqa: PLC0415
+        from runner.probe import PROBED_PLAN, probe_for_run  # noqa: PLC0415
+
+        if dry_run:
+            typer.echo(f"# --probe: nanoplan probe {plan_path} --out {rdir}/{PROBED_PLAN} --dir {rdir}/probe, then:")
+            plan_path = f"{rdir}/{PROBED_PLAN}"
+        else:
+            probed, res = probe_for_run(plan_path, rdir, data=data, force=force, log=typer.echo)
+            if res is not None:
+                print_probe(res)
+            plan_path, plan = str(probed), load_plan(probed)
     cmd = build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                         max_restarts=max_restarts, data=data, resume=resume, force=force)
     if dry_run:

@@ -12,17 +12,22 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.cli import app
+from planner.cli.common import examples
 from planner.units import fmt_bytes
 
 Opt = typer.Option
 
 
-@app.command()
+@app.command(epilog=examples(
+    ("nanoplan validate plan.json", "re-derive every number and check the fit"),
+    ("nanoplan validate plans/*.json --json", "many plans, as JSON"),
+    ("nanoplan validate plan.json --trace", "also trace the real training step (imports torch)"),
+))
 def validate(
     plans: Annotated[List[str], typer.Argument(help="plan.json files (from nanoplan estimate --out)")],
     trace: Annotated[bool, Opt("--trace", help="Also trace each plan's real training step (imports torch)")] = False,
     json_out: Annotated[bool, Opt("--json", help="Print a JSON list, one object per plan")] = False,
-    headroom: Annotated[float, Opt(help="Memory headroom fraction for the fit check")] = 0.05,
+    headroom: Annotated[float, Opt(metavar="F", help="Memory headroom fraction for the fit check")] = 0.05,
 ) -> None:
     """Re-derive every number in each plan, check it fits; exit 0 all fit, 1 not, 2 bad input."""
     from planner.validate import exit_code, validate_paths  # noqa: PLC0415

@@ -1,0 +1,105 @@
+"""`nanoplan probe PLAN.json`: measure the plan on this machine, then write a corrected plan.
+
+torch runs only inside the trials (runner/probe_worker.py under torchrun).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli import app
+from planner.units import fmt_bytes
+
+if TYPE_CHECKING:
+    from runner.probe import ProbeResult
+
+Opt = typer.Option
+DEFAULT_OUT = "plan.probed.json"
+DEFAULT_DIR = "probe"
+
+
+def _status(r: dict) -> str:
+    if r["status"] != "ok":
+        return r["status"]
+    return {True: "fits", False: "over headroom", None: "ok"}[r["fits_with_headroom"]]
+
+
+def trials_table(report: dict) -> Table:
+    """One row per trial; * marks the one kept. Predictions per trial are in probe.json."""
+    t = Table(title="Trials", title_justify="left", box=None, pad_edge=False)
+    for col in ("trial", "status", "tokens/s", "vs plan", "MFU", "peak memory", "time"):
+        t.add_column(col, justify="left" if col in ("trial", "status", "peak memory") else "right", no_wrap=True)
+    for r in report["trials"]:
+        m = r["measured"] or {}
+        ok = r["status"] == "ok"
+        peak = m.get("peak_device_bytes")
+        mem = fmt_bytes(peak) if peak else f"{fmt_bytes(r['predicted']['memory_bytes'])} model"
+        mark = "*" if r["label"] == report["chosen"] else ""
+        t.add_row(f"{r['label']}{mark} {r['role']}", _status(r),
+                  f"{m['tokens_per_sec']:,.0f}" if ok else "-", f"{m['tokens_per_sec'] / r['predicted']['tokens_per_sec'] - 1:+.0%}" if ok else "",
+                  f"{m['mfu']:.1%}" if ok else "-", mem, f"{r['seconds']:.0f} s")
+    return t
+
+
+def before_after_table(res: ProbeResult) -> Table:
+    from planner.probe import before_after  # noqa: PLC0415
+
+    chosen = next(r for r in res.report["trials"] if r["label"] == res.report["chosen"])
+    t = Table(title="Before and after the probe", title_justify="left", box=None, pad_edge=False)
+    t.add_column("")
+    t.add_column("before (the plan)")
+    t.add_column("after (probed)")
+    assert res.corrected is not None
+    for row in before_after(res.plan, res.corrected, chosen):
+        t.add_row(*row)
+    return t
+
+
+def print_probe(res: ProbeResult, console: Console | None = None) -> None:
+    """The trials, the before/after table and what the probe cost."""
+    c = console or Console()
+    rep = res.report
+    c.print(trials_table(rep))
+    c.print(f"chosen: {rep['reason']}")
+    if res.corrected is not None:
+        c.print(before_after_table(res))
+    cost = rep["cost"]
+    n_run = sum(r["status"] != "skipped" for r in rep["trials"])
+    c.print(f"probe cost: {n_run} trial{'s' if n_run != 1 else ''} in {cost['seconds']:.0f} s of budget time (${cost['usd']:,.2f}); "
+            f"{rep['charged']}")
+    for w in (res.corrected.warnings if res.corrected else []):
+        c.print(f"[yellow]warning: {w}[/yellow]")
+    where = f"wrote {res.report_path}" + (f", {rep['profile']}" if rep.get("profile") else "")
+    if res.out is not None:
+        where += f" and {res.out} (run it: nanoplan run {res.out})"
+    c.print(where)
+
+
+@app.command()
+def probe(
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN.json", help="plan.json from nanoplan estimate --out")],
+    out: Annotated[str, Opt(help="Write the corrected plan here")] = DEFAULT_OUT,
+    dir: Annotated[str, Opt("--dir", help="Trials, probe.json and the calibrated profile.yaml go here")] = DEFAULT_DIR,
+    data: Annotated[Optional[str], Opt(help="DATA_DIR from nanoplan prepare-data (default: the plan's)")] = None,
+    warmup: Annotated[int, Opt(help="Untimed steps per trial (the first compiles)")] = 3,
+    steps: Annotated[int, Opt(help="Timed steps per trial")] = 6,
+    trial_timeout: Annotated[float, Opt(help="Seconds before a trial is killed")] = 300.0,
+    timeout: Annotated[float, Opt(help="Seconds for the whole probe; later trials are skipped")] = 900.0,
+    force: Annotated[bool, Opt("--force", help="Probe despite device problems (a GPU plan on CPU)")] = False,
+    json_out: Annotated[bool, Opt("--json", help="Print probe.json instead of the tables")] = False,
+) -> None:
+    """Measure a plan on this machine (it and its neighbouring micro-batches), then write a corrected plan."""
+    from runner.probe import probe as run_probe  # noqa: PLC0415
+
+    log = (lambda s: None) if json_out else typer.echo
+    res = run_probe(plan_path, out=out, work_dir=dir, data=data, warmup=warmup, steps=steps,
+                    trial_timeout_s=trial_timeout, timeout_s=timeout, force=force, log=log)
+    if json_out:
+        typer.echo(json.dumps(res.report, indent=2))
+        return
+    print_probe(res)

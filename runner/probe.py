@@ -1,0 +1,380 @@
+"""`nanoplan probe` on this machine: short trials of a plan and its neighbours, then a corrected plan.
+
+Each trial (planner/probe.py chooses them) is the plan with one micro-batch and checkpointing
+setting, run by torchrun with all the plan's processes on this node (runner/probe_worker.py, which
+sets up the run as `nanoplan run` does). Every trial starts in its own session, so neither an OOM
+nor a hang can take the probe down, and is time-boxed: past its time (--trial-timeout, and what
+is left of --timeout for the whole probe) the trial's process groups are killed, torchrun's and
+each worker's (workers start their own sessions; their pids are in the trial directory). After the
+plan's own trial, no trial starts that would take the probe past MAX_SHARE of the plan's hours or
+budget, judged by the longest trial so far.
+
+Layout of the probe directory (DIR):
+- DIR/trials/<label>/: the trial's plan.json, log.txt (torchrun's output), result.json or
+  oom_rank{r}.json, pid_rank{r}
+- DIR/probe.json: every trial measured against predicted, the choice, the probe's cost, device,
+  torch version and date, the plan before and after
+- DIR/profile.yaml: the profile calibrated from the chosen trial (nanoplan estimate --profile)
+The corrected plan goes to --out (plan.probed.json).
+
+The probe's time counts on the budget clock (NANOPLAN_TIME_SCALE, runner/clock.py) and is charged
+to the corrected plan (planner.probe.corrected_length). Plain Python: torch runs in the trials only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner import __version__
+from planner.errors import PlanError
+from planner.launch import torchrun_command
+from planner.plan import Plan, atomic_write_text, load_plan, save_plan
+
+ENV_PROBE_FAULT = "NANOPLAN_PROBE_FAULT"
+FAULT_KINDS = ("oom", "hang")
+DEFAULT_WARMUP = 3            # untimed steps: the first compiles (torch.compile) and warms the caches
+DEFAULT_STEPS = 6             # timed steps per trial
+DEFAULT_TRIAL_TIMEOUT_S = 300.0
+DEFAULT_TIMEOUT_S = 900.0
+MIN_TRIAL_S = 5.0             # a trial is skipped when less than this is left of the probe's time
+MAX_SHARE = 0.5               # after the plan's own trial, no trial starts that would take the probe past half the
+                              # plan's length (judged by the longest trial so far)
+TRIAL_SHUTDOWN_S = 5          # torchrun's grace for the other ranks after one fails (they wait in a collective)
+KILL_GRACE_S = 5.0            # SIGTERM, then SIGKILL after this
+OOM_TEXT = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "NCCL error: out of memory")
+REPORT, PROFILE = "probe.json", "profile.yaml"
+
+
+# ---------------------------------------------------------------------------- the fault hook
+
+
+def parse_faults(raw: str) -> list[tuple[str, str]]:
+    """NANOPLAN_PROBE_FAULT='oom:8,hang:b2-ac' -> [('oom', '8'), ('hang', 'b2-ac')]."""
+    out = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        kind, _, sel = part.partition(":")
+        if kind not in FAULT_KINDS or not sel:
+            raise PlanError(ENV_PROBE_FAULT, f"cannot read {raw!r}",
+                            "use oom:SEL or hang:SEL, SEL a micro-batch (8), a trial label (b8-ac) or *")
+        out.append((kind, sel))
+    return out
+
+
+def fault_for(faults: list[tuple[str, str]], device_batch_size: int, label: str) -> str | None:
+    for kind, sel in faults:
+        if sel in ("*", str(device_batch_size), label):
+            return kind
+    return None
+
+
+# ---------------------------------------------------------------------------- one trial's processes
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (Linux /proc), children first."""
+    from runner.launcher import child_pids  # noqa: PLC0415
+
+    out, todo = [], [pid]
+    while todo:
+        kids = child_pids(todo.pop())
+        out += kids
+        todo += kids
+    return out
+
+
+def _is_worker(pid: int) -> bool:
+    """A live probe worker (checked before killing a pid read from a file)."""
+    try:
+        return b"runner.probe_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+
+
+def trial_pids(proc: subprocess.Popen, trial_dir: Path) -> list[int]:
+    pids = descendants(proc.pid)
+    for f in trial_dir.glob("pid_rank*"):
+        try:
+            pid = int(f.read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if pid not in pids and _is_worker(pid):
+            pids.append(pid)
+    return pids
+
+
+def kill_trial(proc: subprocess.Popen, trial_dir: Path) -> None:
+    """End a trial: SIGTERM to the process group of torchrun and of every worker, SIGKILL after a grace."""
+    from runner.launcher import _alive, wait_gone  # noqa: PLC0415
+
+    pids = trial_pids(proc, trial_dir)
+    mine = os.getpgrp()
+    groups = set()
+    for pid in [proc.pid, *pids]:
+        try:
+            groups.add(os.getpgid(pid))
+        except ProcessLookupError:
+            continue
+    groups.discard(mine)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for g in groups:
+            try:
+                os.killpg(g, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if sig == signal.SIGTERM:
+            wait_gone([proc.pid, *pids], KILL_GRACE_S)
+            if not any(_alive(p) for p in [proc.pid, *pids]):
+                break
+    try:
+        proc.wait(timeout=KILL_GRACE_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def run_trial(cmd: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float) -> tuple[bool, int | None]:
+    """Run one trial's torchrun in its own session; (timed out, exit code). Leaves nothing running."""
+    with open(trial_dir / "log.txt", "wb") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            kill_trial(proc, trial_dir)
+            return True, None
+        except BaseException:          # Ctrl-C or an error in the probe itself: no trial left behind
+            kill_trial(proc, trial_dir)
+            raise
+        if any(_is_worker(p) for p in trial_pids(proc, trial_dir)):   # a worker torchrun did not reap
+            kill_trial(proc, trial_dir)
+        return False, rc
+
+
+def read_trial(trial_dir: Path, timed_out: bool, rc: int | None, timeout_s: float) -> tuple[str, dict | None, str]:
+    """(status, the worker's record, a note) of a finished trial."""
+    from planner.probe import FAILED, NO_FIT, OK, TIMED_OUT  # noqa: PLC0415
+
+    def load(p: Path) -> dict | None:
+        try:
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
+
+    ooms = [r for p in sorted(trial_dir.glob("oom_rank*.json")) if (r := load(p)) is not None]
+    if ooms:
+        return NO_FIT, ooms[0], f"rank {ooms[0].get('rank')}: {ooms[0].get('error')}"
+    if timed_out:
+        return TIMED_OUT, None, f"killed at the {timeout_s:.0f} s time box"
+    res = load(trial_dir / "result.json")
+    if rc == 0 and res is not None and res.get("status") == "ok":
+        return OK, res, ""
+    tail = _log_tail(trial_dir / "log.txt")
+    if any(t in tail for t in OOM_TEXT):
+        return NO_FIT, None, "out of memory (from the log)"
+    last = next((ln for ln in reversed(tail.splitlines()) if ln.strip().startswith("error:")), "")
+    return FAILED, None, f"exit {rc}" + (f": {last.strip()}" if last else f"; see {trial_dir / 'log.txt'}")
+
+
+def _log_tail(path: Path, n: int = 20_000) -> str:
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return ""
+    return data[-n:].decode("utf-8", errors="replace")
+
+
+# ---------------------------------------------------------------------------- the probe
+
+
+@dataclass
+class ProbeResult:
+    report: dict[str, Any]
+    plan: Plan
+    corrected: Plan | None
+    out: Path | None
+    report_path: Path
+
+
+def trial_env(plan: Plan) -> dict[str, str]:
+    from runner.launcher import launch_env  # noqa: PLC0415
+
+    env = launch_env(plan, {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(TRIAL_SHUTDOWN_S),
+                            "NANOPLAN_TENSORBOARD": "0"})
+    for k in ("NANOPLAN_FAULT", "NANOPLAN_STATUS_FILE"):   # the run's own fault hooks do not apply to trials
+        env.pop(k, None)
+    return env
+
+
+def _fresh_dir(d: Path) -> None:
+    """Empty a trial directory of an earlier probe (only one that looks like a trial's)."""
+    if d.exists():
+        if not ((d / "plan.json").exists() or (d / "log.txt").exists()):
+            raise PlanError("--dir", f"{d} exists and is not a probe trial directory", "give another --dir")
+        shutil.rmtree(d)
+    d.mkdir(parents=True)
+
+
+def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path, data: str | None = None,
+          warmup: int = DEFAULT_WARMUP, steps: int = DEFAULT_STEPS, trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
+          timeout_s: float = DEFAULT_TIMEOUT_S, force: bool = False,
+          log: Callable[[str], None] = print) -> ProbeResult:
+    """Probe `plan_path` on this machine; write probe.json, the calibrated profile and the corrected plan."""
+    from planner import probe as pp  # noqa: PLC0415
+    from planner.calibrate import write_profile  # noqa: PLC0415
+    from runner.checkpoint import plan_hash  # noqa: PLC0415
+    from runner.clock import Clock, deadline_seconds  # noqa: PLC0415
+    from runner.preflight import check_data, check_devices, resolve_data_dir  # noqa: PLC0415
+
+    if warmup < 1 or steps < 1:
+        raise PlanError("--warmup/--steps", f"need at least 1 warm-up and 1 timed step, got {warmup} and {steps}")
+    if trial_timeout_s <= 0 or timeout_s <= 0:
+        raise PlanError("--trial-timeout/--timeout", "must be > 0 seconds")
+    try:
+        clock = Clock.from_env()
+    except ValueError as e:
+        raise PlanError("NANOPLAN_TIME_SCALE", str(e), "unset it or give a number > 0") from None
+    parse_faults(os.environ.get(ENV_PROBE_FAULT, ""))     # a bad hook fails here, in one line, not in every trial
+    plan = load_plan(plan_path)
+    if plan.hardware.nodes > 1:
+        raise PlanError(str(plan_path), f"is for {plan.hardware.nodes} nodes; the probe runs its trials on this node",
+                        "probe a one-node plan of the same GPUs, then re-plan with its DIR/profile.yaml")
+    problems, _ = check_devices(plan)
+    if problems and not force:
+        raise PlanError("probe", problems[0], "run on the planned machine, or --force")
+    data_dir = resolve_data_dir(plan, data, plan_path).resolve()
+    check_data(plan, data_dir)
+    work = Path(work_dir)
+    work.mkdir(parents=True, exist_ok=True)
+    env = trial_env(plan)
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    n_steps = warmup + steps + pp.PHASE_STEPS
+
+    configs = pp.neighbours(plan)
+    length_s = deadline_seconds(plan.request.hours, plan.request.budget_usd, plan.budget.usd_per_hour)
+    log(f"probe: {len(configs)} trial{'s' if len(configs) != 1 else ''} of {plan.model.name} on {plan.hardware.spec}, {warmup} warm-up + {steps} timed "
+        f"steps each, at most {trial_timeout_s:.0f} s per trial and {timeout_s:.0f} s in all")
+    records: list[dict[str, Any]] = []
+    plans: dict[str, Plan] = {}
+    device, torch_version, cuda = None, None, None
+    for cfg in configs:
+        tdir = work / "trials" / cfg.label
+        tplan = pp.trial_plan(plan, cfg, n_steps, plan_path=str(tdir / "plan.json"))
+        plans[cfg.label] = tplan
+        left = timeout_s - clock.real()
+        longest = max((r["seconds"] for r in records), default=0.0) * clock.scale   # budget seconds of a trial
+        skip = (f"the probe's {timeout_s:.0f} s are used up" if left < MIN_TRIAL_S else
+                f"another trial would take the probe past {MAX_SHARE:.0%} of the plan's length"
+                if records and length_s is not None and clock.budget() + longest > MAX_SHARE * length_s else "")
+        if skip:
+            records.append(pp.trial_record(cfg, tplan, pp.SKIPPED, None, 0.0, skip))
+            log(f"  {cfg.label:<8} {cfg.role:<17} skipped: {skip}")
+            continue
+        _fresh_dir(tdir)
+        save_plan(tplan, tdir / "plan.json")
+        cmd = torchrun_command(str(tdir / "plan.json"), plan.hardware.gpus_per_node, str(tdir), max_restarts=0,
+                               python=sys.executable,
+                               extra=["--data", str(data_dir), "--warmup", str(warmup), "--steps", str(steps)]
+                               + (["--force"] if force else []))
+        cmd[cmd.index("runner.train")] = "runner.probe_worker"
+        box = min(trial_timeout_s, left)
+        t0 = time.perf_counter()
+        timed_out, rc = run_trial(cmd, env, tdir, box)
+        status, raw, note = read_trial(tdir, timed_out, rc, box)
+        rec = pp.trial_record(cfg, tplan, status, raw, time.perf_counter() - t0, note)
+        rec["dir"] = str(tdir)
+        records.append(rec)
+        if status == pp.OK and raw is not None:
+            device, torch_version, cuda = raw.get("device"), raw.get("torch"), raw.get("cuda")
+        log("  " + trial_line(rec))
+
+    cost_s = clock.budget()
+    chosen, why = pp.choose(records)
+    report: dict[str, Any] = {
+        "probe": f"nanoplan {__version__} probe", "date": date, "device": device, "torch": torch_version,
+        "cuda": cuda, "plan": str(plan_path), "plan_hash": plan_hash(plan), "world_size": plan.hardware.num_gpus,
+        "config": {"warmup_steps": warmup, "timed_steps": steps, "phase_steps": pp.PHASE_STEPS,
+                   "trial_timeout_s": trial_timeout_s, "timeout_s": timeout_s, "time_scale": clock.scale},
+        "trials": records, "chosen": chosen["label"] if chosen else None, "reason": why,
+        "cost": pp.probe_cost(cost_s, plan), "before": pp.plan_summary(plan), "after": None, "corrected_plan": None,
+        "profile": None, "charged": None,
+    }
+    report_path = work / REPORT
+    corrected = None
+    if chosen is not None:
+        tplan = plans[chosen["label"]]
+        meas = chosen["measured"]
+        m = pp.measurement_of(tplan, label=f"probe/{chosen['label']}", tokens_per_sec=meas["tokens_per_sec"],
+                              steps=len(meas["step_seconds"]), device=device or "unknown", date=date[:10],
+                              max_memory_allocated=meas.get("max_memory_allocated"),
+                              max_memory_reserved=meas.get("max_memory_reserved"), first_step_used=warmup + 1)
+        extra = meas.get("non_allocator_bytes")
+        if extra is not None and plan.hardware.num_gpus > 1:     # NCCL's buffers are modelled on their own
+            extra = max(0, extra - plan.request.profile.overheads.nccl_bytes)
+        try:
+            corrected, profile, charged = pp.replan(plan, tplan, m, cost_s, plan_path=str(out or "plan.probed.json"),
+                                                    today=date[:10], non_allocator_bytes=extra)
+        except PlanError:
+            atomic_write_text(report_path, json.dumps(report, indent=2) + "\n")
+            raise
+        prof_path = work / PROFILE
+        write_profile(profile, prof_path, f"Calibrated by nanoplan probe on {date} from trial {chosen['label']} "
+                                          f"of {plan_path} on {device}")
+        report.update(after=pp.plan_summary(corrected), charged=charged, profile=str(prof_path))
+        if out is not None:
+            save_plan(corrected, out)
+            report["corrected_plan"] = str(out)
+    atomic_write_text(report_path, json.dumps(report, indent=2) + "\n")
+    if chosen is None:
+        raise PlanError("probe", why + f"; see {report_path}",
+                        "re-plan with a smaller micro-batch, --activation-checkpointing or a sharded --strategy")
+    return ProbeResult(report, plan, corrected, Path(out) if out is not None else None, report_path)
+
+
+def trial_line(rec: dict[str, Any]) -> str:
+    """One line per trial, as the probe goes."""
+    head = (f"{rec['label']:<8} {rec['role']:<17} micro-batch {rec['device_batch_size']} × {rec['grad_accum_steps']}, "
+            f"checkpointing {'on' if rec['activation_checkpointing'] else 'off'}: ")
+    if rec["status"] != "ok":
+        return head + rec["status"] + (f" ({rec['note']})" if rec["note"] else "") + f" in {rec['seconds']:.1f} s"
+    m, p = rec["measured"], rec["predicted"]
+    return (head + f"{m['tokens_per_sec']:,.0f} tokens/s (planned {p['tokens_per_sec']:,.0f}), MFU {m['mfu']:.1%}"
+            + ("" if rec["fits_with_headroom"] else ", over the headroom") + f" in {rec['seconds']:.1f} s")
+
+
+PROBED_PLAN = "plan.probed.json"
+
+
+def probe_for_run(plan_path: str | Path, run_dir: str | Path, *, data: str | None = None, force: bool = False,
+                  log: Callable[[str], None] = print) -> tuple[Path, ProbeResult | None]:
+    """`nanoplan run --probe`: the corrected plan's path, RUN_DIR/plan.probed.json, and the probe's result.
+
+    The probe's files go to RUN_DIR/probe/. When RUN_DIR already holds checkpoints of a probed plan
+    (a resumed or restarted run), that plan is resumed without a new probe: a new one would change
+    the plan and orphan the checkpoints.
+    """
+    from runner.checkpoint import complete_steps, plan_hash, read_meta, step_dir  # noqa: PLC0415
+
+    rdir = Path(run_dir)
+    out = rdir / PROBED_PLAN
+    done = complete_steps(rdir)
+    if out.exists() and done:
+        probed = load_plan(out)
+        meta = read_meta(step_dir(rdir, done[-1])) or {}
+        if meta.get("plan_hash") == plan_hash(probed):
+            log(f"probe: {rdir} holds checkpoints of {out}; resuming it without a new probe")
+            return out, None
+    return out, probe(plan_path, out=out, work_dir=rdir / "probe", data=data, force=force, log=log)

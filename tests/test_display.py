@@ -1,0 +1,83 @@
+"""The live view: smoothed tokens/s, behind plan, projected end, validation loss, and the stop summary."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from rich.console import Console
+
+from planner.build import build_plan
+from planner.plan import PlanRequest
+from planner.profiles import find_profile
+from planner.spec import preset
+from runner.display import SMOOTH_STEPS, Display, Smoother, behind_plan, stop_summary, summary_lines
+
+
+def row(step: int, seconds: float, **kw) -> dict:
+    base = {"step": step, "total_steps": 1000, "loss": 2.0, "tokens_per_sec": 1024 / seconds, "step_seconds": seconds,
+            "tokens_seen": 1024 * step, "mfu": 0.1, "usd_spent": 1.0, "elapsed_hours": 0.1, "projected_steps": 800,
+            "projected_tokens": 800 * 1024}
+    return {**base, **kw}
+
+
+def test_smoother_averages_tokens_over_seconds_of_the_window() -> None:
+    s = Smoother(3)
+    assert s.value() is None
+    for tokens, secs in ((100, 1.0), (100, 3.0), (100, 1.0), (100, 1.0)):
+        s.add(tokens, secs)
+    assert s.value() == pytest.approx(300 / 5.0)        # the first step left the window
+
+
+def test_behind_plan_only_when_slower() -> None:
+    assert behind_plan(60.0, 100.0) == pytest.approx(0.4)
+    assert behind_plan(100.0, 100.0) is None and behind_plan(120.0, 100.0) is None and behind_plan(None, 100.0) is None
+
+
+def test_view_smooths_jumpy_steps_and_keeps_the_last_val_loss() -> None:
+    d = Display(True, None, live=False, planned_tokens_per_sec=2048.0)
+    views = [d.view(row(k, 0.25 if k % 2 else 1.0, **({"val_loss": 1.5} if k == 3 else {})))
+             for k in range(1, 2 * SMOOTH_STEPS + 1)]
+    last = views[-1]
+    assert last["smoothed"] == pytest.approx(2 * 1024 / 1.25)       # not 4096 or 1024 as single steps say
+    assert last["behind"] == pytest.approx(1 - (2 * 1024 / 1.25) / 2048.0)
+    assert last["val_loss"] == 1.5
+
+
+def test_plain_line_says_where_the_run_ends_and_how_far_behind(capsys) -> None:
+    d = Display(True, None, live=False, planned_tokens_per_sec=4096.0)
+    d.update(row(5, 0.5, val_loss=1.25))
+    out = capsys.readouterr().out
+    assert out.startswith("step 5/1000 (ends at 800)  loss 2.0000  val 1.2500  2,048 tok/s (behind plan by 50%)")
+
+
+def test_live_table_shows_projection_and_window() -> None:
+    buf = io.StringIO()
+    with Display(True, 10.0, live=True, console=Console(file=buf, force_terminal=True, width=100),
+                 planned_tokens_per_sec=4096.0) as d:
+        d.update(row(5, 0.5))
+    out = buf.getvalue()
+    for text in ("ends at", "step 800, 819k tokens", f"tokens/s ({SMOOTH_STEPS}-step avg)", "behind plan by 50%"):
+        assert text in out, text
+
+
+def test_stop_summary_planned_against_achieved() -> None:
+    req = PlanRequest(gpu="2xCPU", profile=find_profile("CPU"), model=preset("tiny"), steps=100, precision="fp32",
+                      compile=False, total_batch_tokens=1024, price=2.0)
+    plan = build_plan(req)
+    s = stop_summary(plan, steps=40, tokens=40 * 1024, hours=0.01, usd=0.04, loss=1.5, val_loss=1.75)
+    assert s["planned"] == {"steps": 100, "tokens": 100 * 1024, "hours": plan.budget.hours, "usd": plan.budget.usd}
+    assert s["achieved"] == {"steps": 40, "tokens": 40 * 1024, "hours": 0.01, "usd": 0.04}
+    text = "\n".join(summary_lines(s))
+    assert "40 (40%)" in text and "final loss 1.5000, val 1.7500" in text and "$0.04" in text
+
+
+def test_stop_summary_of_a_nan_run_is_valid_json() -> None:
+    import json
+
+    req = PlanRequest(gpu="2xCPU", profile=find_profile("CPU"), model=preset("tiny"), steps=10, precision="fp32",
+                      compile=False, total_batch_tokens=1024)
+    s = stop_summary(build_plan(req), steps=3, tokens=3072, hours=0.001, usd=0.0, loss=float("nan"), val_loss=None)
+    assert s["final_loss"] is None
+    json.loads(json.dumps(s, allow_nan=False))
+    assert "final loss -" in "\n".join(summary_lines(s))

@@ -142,6 +142,8 @@ class ThroughputPlan(_Strict):
     compute_seconds: float = Field(ge=0, **Finite)
     comm_seconds: float = Field(ge=0, **Finite)
     exposed_comm_seconds: float = Field(ge=0, **Finite)
+    optimizer_seconds: float = Field(default=0.0, ge=0, **Finite)    # optimizer step + clipping
+    micro_step_seconds: float = Field(default=0.0, ge=0, **Finite)   # accumulation, launches, FSDP copies
 
 
 class BudgetPlan(_Strict):

@@ -6,8 +6,17 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from planner.plan import Plan
+from planner.plan import Plan, ThroughputPlan
 from planner.units import fmt_bytes, fmt_count
+
+
+def _step_time(tp: ThroughputPlan) -> str:
+    """The step's parts, which add up to it; communication that overlaps compute is named apart."""
+    parts = [f"compute {tp.compute_seconds:.3f}", f"optimizer {tp.optimizer_seconds:.3f}",
+             f"micro-steps {tp.micro_step_seconds:.3f}", f"exposed comm {tp.exposed_comm_seconds:.3f}"]
+    hidden = tp.comm_seconds - tp.exposed_comm_seconds
+    tail = f"; {hidden:.3f} s of comm hidden under compute" if hidden > 5e-4 else ""
+    return f"{tp.step_seconds:.3f} s = {' + '.join(parts)} s{tail}"
 
 
 def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
@@ -52,8 +61,7 @@ def plan_tables(plan: Plan) -> Group:
         ("settings", f"{tr.precision}, {tr.optimizer}, {tr.strategy}, activation checkpointing "
                      f"{'on' if tr.activation_checkpointing else 'off'}, compile {'on' if tr.compile else 'off'}"),
         ("tokens/s", f"{tp.tokens_per_sec:,.0f} (MFU {tp.mfu:.0%} assumed, {tp.effective_mfu:.0%} effective)"),
-        ("step time", f"{tp.step_seconds:.3f} s (compute {tp.compute_seconds:.3f} s, comm {tp.comm_seconds:.3f} s, "
-                      f"exposed {tp.exposed_comm_seconds:.3f} s)"),
+        ("step time", _step_time(tp)),
     ])
     epochs = f"{s.epochs:.2f} over {fmt_count(s.dataset_tokens or 0)} tokens" if s.epochs is not None else "n/a (no --dataset-tokens)"
     bud = _kv("Budget and schedule", [

@@ -180,3 +180,19 @@ def test_fitted_mfu_reproduces_the_measured_speed(gpu: str, strategy: str, optim
     assert again.throughput.tokens_per_sec == pytest.approx(measured, rel=1e-9)
     if ratio == 1.0:
         assert mfu == pytest.approx(plan.throughput.mfu, rel=1e-9)
+
+
+@pytest.mark.parametrize(("gpu", "optimizer", "strategy"), [("8xH100", "adamw", "fsdp"), ("8xH100", "muon", "zero1"),
+                                                             ("1xA100-80GB", "adamw", "ddp")])
+def test_plan_step_time_is_the_sum_of_its_parts(gpu: str, optimizer: str, strategy: str) -> None:
+    """The plan records the optimizer and micro-step seconds, so its step time adds up (the report prints the sum)."""
+    from planner.report import _step_time
+
+    prof = find_profile(gpu.split("x", 1)[1])
+    plan = build_plan(PlanRequest(gpu=gpu, profile=prof, model=nanochat(12), optimizer=optimizer, strategy=strategy,
+                                  hours=1.0))
+    tp = plan.throughput
+    assert tp.optimizer_seconds > 0 and tp.micro_step_seconds > 0
+    parts = tp.compute_seconds + tp.optimizer_seconds + tp.micro_step_seconds + tp.exposed_comm_seconds
+    assert tp.step_seconds == pytest.approx(parts, rel=1e-12)
+    assert f"{tp.optimizer_seconds:.3f}" in _step_time(tp)

@@ -77,6 +77,7 @@ def test_a_broken_command_fails_the_render(tmp_path: Path) -> None:
     assert "error: --gpu" in text
 
 
+@pytest.mark.slow
 def test_every_readme_command_runs(tmp_path: Path) -> None:
     _, blocks = rd.parse((REPO / "README.md").read_text())
     tested = [c for b in blocks if b.tested for c in b.commands]

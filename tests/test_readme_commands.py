@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -87,11 +86,11 @@ def test_every_readme_command_runs(tmp_path: Path) -> None:
     skipped = [c.text for b in blocks if not b.tested for c in b.commands]
     assert any(c.startswith("pip install") for c in skipped)
     work = rd.scratch_copy(tmp_path / "copy")
-    t0 = time.monotonic()
+    # About 40 s on an idle 2-core machine (probe and run are real torchrun launches); no time
+    # limit is asserted, since a loaded machine is several times slower.
     results = rd.run_blocks(blocks, work, tested_only=True)
     for block, command, result in results:
         assert rd.ok(block, command, result), (
             f"README command failed (exit {result.returncode}): $ {command.text}\n"
             + "\n".join(result.output[-15:]))
     assert len(results) == len(tested)
-    assert time.monotonic() - t0 < 240   # about 40 s on an idle 2-core machine

@@ -10,7 +10,7 @@ and the planner stays torch-free until a trace is asked for.
   autocast, the model's own loss chunking and activation checkpointing, gradient accumulation)
   under `FakeTensorMode` on CPU, measured by `torch.distributed._tools.mem_tracker.MemTracker`.
 
-Two deliberate departures from a plain CPU run, both documented in the README (Traced truth):
+Two deliberate departures from a plain CPU run, both documented in docs/memory.md (moved from the README's "Traced truth"):
 
 1. CUDA kernel semantics (``kernels="cuda"``, the default). A CPU build cannot trace fake CUDA
    tensors, and a few CPU kernels save different tensors than their CUDA counterparts. For the

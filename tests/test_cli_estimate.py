@@ -67,3 +67,17 @@ def test_user_profile(tmp_path) -> None:
     r = nanoplan("estimate", "--gpu", "8xmy-cluster", "--profile", str(f), "--depth", "12", "--hours", "1", "--json")
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["hardware"]["profile_name"] == "my-cluster"
+
+
+def test_a_model_without_a_length_plans_twenty_tokens_per_param(tmp_path) -> None:
+    """`estimate --gpu 8xH100 --depth 20` (no --budget/--hours/--steps) plans a compute-optimal run, not an error."""
+    out = tmp_path / "plan.json"
+    r = nanoplan("estimate", "--gpu", "8xH100", "--depth", "20", "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "20 tokens/param (Chinchilla)" in r.stdout
+    plan = load_plan(out)
+    steps = -(-20 * 560_988_160 // 524_288)
+    assert plan.schedule.total_steps == steps and plan.budget.limited_by == "steps"
+    assert plan.schedule.tokens_per_param == pytest.approx(20, rel=1e-3)
+    r = nanoplan("estimate", "--gpu", "8xH100")          # no model and no length: the search needs a budget
+    assert r.returncode == 2 and "--budget" in r.stdout + r.stderr

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Annotated, Optional
 
 import typer
@@ -18,10 +19,13 @@ from planner.cli.common import (
     resolve_profile,
     writable_target,
 )
+from planner.counts import n_params
 from planner.errors import PlanError
 from planner.fit import fit_model
 from planner.plan import Plan, save_plan
 from planner.report import print_plan, verdict
+from planner.scaling import TOKENS_PER_PARAM as CHINCHILLA_TOKENS_PER_PARAM
+from planner.spec import ModelSpec
 from planner.units import parse_count, parse_hours, parse_money
 
 Opt = typer.Option
@@ -136,6 +140,9 @@ def estimate(
     spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=n_layer, d_model=d_model,
                          n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
     is_cpu = prof.kind == "cpu"
+    default_length = spec is not None and budget_usd is None and hours_h is None and n_steps is None
+    if default_length:   # a model but no length: a compute-optimal run (Chinchilla's ~20 tokens/param)
+        n_steps = chinchilla_steps(spec, total_batch_tokens)
     base = dict(
         gpu=gpu, profile=prof, provider=provider, price=usd, device_batch_size=device_batch_size,
         total_batch_tokens=total_batch_tokens, precision=precision or ("fp32" if is_cpu else "bf16-autocast"),
@@ -150,6 +157,9 @@ def estimate(
     if write_to and not writable_target(write_to):   # /dev/null and the like: show the plan, write nothing
         write_to = None
     console = Console()
+    if default_length and not json_out:
+        console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
+                      f"{n_steps:,} steps", style="dim", highlight=False)
     if spec is None:
         from planner.search import search_cli  # noqa: PLC0415
 
@@ -166,6 +176,11 @@ def estimate(
     _emit(plan, write_to, json_out, console)
     if not plan.memory.fits:
         raise typer.Exit(1)
+
+
+def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:
+    """Optimizer steps for ~20 tokens per parameter (Hoffmann et al. 2022), at least one."""
+    return max(1, math.ceil(CHINCHILLA_TOKENS_PER_PARAM * n_params(spec) / total_batch_tokens))
 
 
 def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None:

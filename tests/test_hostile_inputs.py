@@ -33,7 +33,7 @@ import planner.cli as cli
 from planner.build import build_plan
 from planner.errors import PlanError, control_char
 from planner.export import SKYPILOT_MOUNT, _under, skypilot_task, slurm_script
-from planner.plan import Plan, PlanRequest, load_plan, save_plan
+from planner.plan import Plan, PlanRequest, load_plan
 from planner.profiles import find_profile
 from planner.spec import nanochat
 

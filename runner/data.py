@@ -35,7 +35,7 @@ FULL_PERMUTATION_MAX = 1 << 24  # above this many windows, use an affine bijecti
 SAMPLE_BLOCKS = 64                 # fingerprint and token-id check of a large file: this many blocks ...
 SAMPLE_BLOCK_BYTES = 1 << 20       # ... of 1 MiB, evenly spaced, the first and the last included
 FULL_CHECK_MAX_BYTES = 256 << 20   # files up to this size are hashed and range-checked whole
-REDO = "re-run nanoplan prepare-data (the file is damaged, or not from this data dir)"
+REDO = "re-run nanoplan prepare-data: the file is damaged, or not from this data dir"
 
 
 def _blocks(size: int) -> list[tuple[int, int]]:

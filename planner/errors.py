@@ -8,6 +8,14 @@ for results only.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
+from pydantic import BaseModel
+
+MAX_ECHO = 300          # characters of a user's value quoted back in an error (a 100 MB string is not echoed whole)
+MAX_LINE = 1000         # an error or hint line longer than this is cut in the middle
+
 
 class PlanError(ValueError):
     """Bad input from the user: the field, what is wrong with it, and the fix."""
@@ -28,8 +36,77 @@ class PlanError(ValueError):
 
 def error_lines(message: str, hint: str = "") -> list[str]:
     """The CLI's error shape: one `error:` line, then a `hint:` line where there is a fix."""
-    first = " ".join(message.split("\n"))
-    return [f"error: {first}"] + ([f"hint: {' '.join(hint.split(chr(10)))}"] if hint else [])
+    first = clip(" ".join(message.split("\n")), MAX_LINE)
+    return [f"error: {first}"] + ([f"hint: {clip(' '.join(hint.split(chr(10))), MAX_LINE)}"] if hint else [])
+
+
+def clip(text: str, limit: int = MAX_ECHO) -> str:
+    """`text` cut to about `limit` characters: head ... [N characters cut] ... tail."""
+    if len(text) <= limit:
+        return text
+    keep = max(8, limit // 2 - 20)
+    return f"{text[:keep]}...[{len(text) - 2 * keep:,} characters cut]...{text[-keep:]}"
+
+
+def echo(value: Any, limit: int = MAX_ECHO) -> str:
+    """repr(value) for an error message, clipped (a huge string is not echoed whole, nor copied)."""
+    if isinstance(value, str) and len(value) > limit:
+        keep = max(8, limit // 2 - 30)
+        return f"{value[:keep]!r}...[{len(value):,} characters in all]...{value[-keep:]!r}"
+    return clip(repr(value), limit)
+
+
+def control_char(text: str) -> tuple[int, str] | None:
+    """(index, 'U+000A') of the first control character in `text` (C0, DEL, C1, U+2028/2029), or None."""
+    for i, c in enumerate(text):
+        o = ord(c)
+        if o < 0x20 or 0x7F <= o <= 0x9F or o in (0x2028, 0x2029):
+            return i, f"U+{o:04X}"
+    return None
+
+
+def find_control(value: Any, path: str = "") -> tuple[str, int, str] | None:
+    """The first string inside `value` (str, list, tuple, dict keys and values, pydantic models) that holds a
+    control character: (dotted path inside value, index, code point), or None."""
+    if isinstance(value, str):
+        hit = control_char(value)
+        return (path, *hit) if hit else None
+    if isinstance(value, (list, tuple)):
+        items: Any = ((f"{path}.{i}" if path else str(i), v) for i, v in enumerate(value))
+    elif isinstance(value, dict):
+        items = []
+        for k, v in value.items():
+            key_path = f"{path}.{k}" if path else str(k)
+            if isinstance(k, str) and control_char(k):
+                return (f"{path} (a key)" if path else "(a key)", *control_char(k))  # type: ignore[misc]
+            items.append((key_path, v))
+    elif isinstance(value, BaseModel):
+        items = ((f"{path}.{k}" if path else k, getattr(value, k)) for k in type(value).model_fields)
+    else:
+        return None
+    for sub, v in items:
+        found = find_control(v, sub)
+        if found:
+            return found
+    return None
+
+
+class DuplicateKeyError(ValueError):
+    """A JSON object names the same key twice (json.loads would keep the last one silently)."""
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise DuplicateKeyError(f"the key {echo(k, 80)} appears twice in one object")
+        out[k] = v
+    return out
+
+
+def strict_json_loads(text: str | bytes) -> Any:
+    """json.loads that refuses duplicate keys (DuplicateKeyError, a ValueError)."""
+    return json.loads(text, object_pairs_hook=_no_duplicates)
 
 
 def pydantic_one_line(exc: Exception, source: str = "") -> str:

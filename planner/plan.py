@@ -13,9 +13,9 @@ import tempfile
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
-from planner.errors import PlanError, pydantic_one_line
+from planner.errors import DuplicateKeyError, PlanError, echo, find_control, pydantic_one_line, strict_json_loads
 from planner.memory import Optimizer, Precision, Strategy
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
@@ -30,7 +30,28 @@ NonNegInt = Annotated[int, Field(ge=0)]
 
 
 class _Strict(BaseModel):
+    """extra="forbid", and no control characters in any string (paths, names, list items, keys).
+
+    A newline in run_dir or data_dir would otherwise become a line of its own in an exported
+    sbatch script or SkyPilot YAML (planner/export.py). The check walks nested models too, so the
+    hardware profile and model spec inside request are covered.
+    """
+
     model_config = ConfigDict(extra="forbid")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _printable(cls, v: object, info: ValidationInfo) -> object:
+        ann = cls.model_fields[info.field_name].annotation if info.field_name else None
+        if isinstance(ann, type) and issubclass(ann, _Strict):
+            return v            # a nested _Strict model checks its own fields (so the error names the leaf)
+        found = find_control(v)
+        if found:
+            where, i, code = found
+            inner = f"'{where}' " if where else ""
+            raise ValueError(f"{inner}holds a control character ({code} at index {i}); "
+                             "paths and names must be printable (no newline, CR, NUL, tab or escape)")
+        return v
 
 
 class Hyper(_Strict):
@@ -221,19 +242,22 @@ def load_plan(path: str | Path) -> Plan:
     except OSError as e:
         raise PlanError(str(p), f"cannot read: {e.strerror}", "give the path of a plan.json") from None
     try:
-        data = json.loads(raw.decode("utf-8"))
+        data = strict_json_loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         raise PlanError(str(p), "is not UTF-8 text", "regenerate it with nanoplan estimate --out") from None
     except json.JSONDecodeError as e:
         raise PlanError(str(p), f"is not valid JSON ({e.msg} at line {e.lineno})",
                         "regenerate it with nanoplan estimate --out") from None
+    except DuplicateKeyError as e:
+        raise PlanError(str(p), f"is not a plan: {e} (JSON keeps only the last one)",
+                        "remove the duplicate, or regenerate the plan with nanoplan estimate --out") from None
     except (ValueError, RecursionError) as e:   # a 5000-digit number; nesting deeper than Python's stack
         raise PlanError(str(p), f"is not a plan ({str(e).split(';')[0][:120]})",
                         "regenerate it with nanoplan estimate --out") from None
     if not isinstance(data, dict):
         raise PlanError(str(p), "must hold a JSON object", "regenerate it with nanoplan estimate --out")
     if data.get("schema_version") != SCHEMA_VERSION:
-        raise PlanError(f"{p}: field 'schema_version'", f"is {data.get('schema_version')!r}, this nanoplan reads {SCHEMA_VERSION}",
+        raise PlanError(f"{p}: field 'schema_version'", f"is {echo(data.get('schema_version'))}, this nanoplan reads {SCHEMA_VERSION}",
                         "regenerate the plan with this version of nanoplan")
     try:
         return Plan.model_validate(data)

@@ -5,8 +5,10 @@ Layout of one checkpoint, RUN_DIR/checkpoints/step_{step:08d}/:
 - model.pt            model state_dict (rank 0; the unwrapped module, no DDP/compile prefixes)
 - optim_rank0.pt      optimizer + LR-scheduler state (rank 0 under DDP, where it is replicated)
 - rng_rank{r}.pt      RNG states of every rank
-- meta.json           written LAST by rank 0: step, elapsed hours, dollars, plan hash, data
-                      position, val loss, and the sha256 and size of every file above
+- meta.json           written LAST by rank 0: step, elapsed hours, dollars, plan hash (and the
+                      plan's fields, to name what differs on resume), data position and data
+                      fingerprint, val loss, the sha256 and size of every file above, and a sha256
+                      of its own content (meta_sha256), so a hand edit is caught as damage
 
 Every file is written to a temp file, fsynced and renamed. A checkpoint is complete only when
 meta.json exists and every checksum verifies, so a kill at any moment leaves the previous
@@ -38,13 +40,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlanError
+from planner.errors import PlanError, echo
 from planner.plan import Plan, atomic_write_text
+from runner.runfiles import Best, CheckpointMeta, problem_of, read_json_file, seal
 
 CKPT_DIR = "checkpoints"
 META = "meta.json"
 BEST = "best.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2      # 2: meta.json carries meta_sha256 (runner/runfiles.py); 1 is still read, without it
 ENV_FAULT = "NANOPLAN_FAULT"
 ENV_FAULT_AT = "NANOPLAN_FAULT_AT"
 ENV_FAULT_RANK = "NANOPLAN_FAULT_RANK"
@@ -55,11 +58,67 @@ SHARDED_MODEL = "dcp/model/.metadata"   # zero2/fsdp checkpoints: DCP shards ins
 _HASH_CHUNK = 1 << 22
 
 
-def plan_hash(plan: Plan) -> str:
-    """sha256 of what a plan trains: every field except launch, run_dir, created_by and warnings."""
+def plan_doc(plan: Plan) -> dict[str, Any]:
+    """What a plan trains: every field except launch, run_dir, created_by and warnings (JSON types)."""
     d = plan.model_dump(mode="json", exclude={"launch", "created_by", "warnings"})
     d["request"].pop("run_dir", None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    return d
+
+
+def _sha(doc: Any) -> str:
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def plan_hash(plan: Plan) -> str:
+    """sha256 of what a plan trains (plan_doc)."""
+    return _sha(plan_doc(plan))
+
+
+# Fields a resumed run may change: how often it checkpoints and how many it keeps (and what follows from them).
+RESUME_SAFE_FIELDS = ("request.checkpoint_every_minutes", "request.keep_last", "schedule.checkpoint_every_minutes",
+                      "schedule.checkpoint_every_steps", "schedule.num_checkpoints", "schedule.keep_last",
+                      "schedule.storage_bytes")
+
+
+def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a.b.0": leaf} of a nested JSON document (an empty dict or list is a leaf)."""
+    if isinstance(doc, dict) and doc:
+        return {k: v for key, sub in doc.items() for k, v in flatten(sub, f"{prefix}.{key}" if prefix else str(key)).items()}
+    if isinstance(doc, list) and doc:
+        return {k: v for i, sub in enumerate(doc) for k, v in flatten(sub, f"{prefix}.{i}" if prefix else str(i)).items()}
+    return {prefix: doc}
+
+
+def train_hash(plan_or_doc: Plan | dict[str, Any]) -> str:
+    """plan_hash without RESUME_SAFE_FIELDS: equal for plans a checkpoint may be resumed under."""
+    doc = plan_doc(plan_or_doc) if isinstance(plan_or_doc, Plan) else plan_or_doc
+    flat = flatten(doc)
+    return _sha({k: v for k, v in flat.items() if k not in RESUME_SAFE_FIELDS})
+
+
+RESUME_HINT = ("only checkpoint_every_minutes and keep_last may change on resume; "
+               "use another --run-dir, or --force to resume from it anyway")
+
+
+def resume_mismatch(meta: dict[str, Any], plan: Plan) -> str | None:
+    """Why a checkpoint (its meta.json) is of a different plan, as text to follow "... a different plan": the
+    fields that differ, or the hashes for an old checkpoint. None when it can be resumed: the same plan, or one that differs only in RESUME_SAFE_FIELDS (cadence, keep_last)."""
+    ours = plan_doc(plan)
+    if meta.get("plan_hash") == _sha(ours) or meta.get("train_hash") == train_hash(ours):
+        return None
+    theirs = meta.get("plan")
+    if not isinstance(theirs, dict):    # a checkpoint written before meta.json kept the plan's fields
+        return (f" (hash {str(meta.get('plan_hash'))[:12]}, this plan {_sha(ours)[:12]}; the checkpoint predates "
+                "the record of the plan's fields in meta.json, so the ones that differ cannot be named)")
+    a, b = flatten(theirs), flatten(ours)
+    diff = [k for k in sorted(set(a) | set(b)) if a.get(k, "(absent)") != b.get(k, "(absent)")
+            and k not in RESUME_SAFE_FIELDS]
+    if not diff:
+        return None
+    first = diff[0]
+    more = f" (and {len(diff) - 1} more: {', '.join(diff[1:4])}{', ...' if len(diff) > 4 else ''})" if len(diff) > 1 else ""
+    return (f": {first} is {echo(a.get(first, '(absent)'), 80)} there, "
+            f"{echo(b.get(first, '(absent)'), 80)} in this plan{more}")
 
 
 def ckpt_root(run_dir: str | Path) -> Path:
@@ -222,19 +281,36 @@ def sha256_file(path: Path) -> str:
 # ---------------------------------------------------------------- reading and verifying
 
 def read_meta(path: Path) -> dict[str, Any] | None:
+    """meta.json as stored, unchecked (None when absent or not JSON); check_meta validates it."""
     try:
         return json.loads((path / META).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
 
+def check_meta(path: Path) -> tuple[dict[str, Any] | None, str]:
+    """(meta, "ok") when meta.json parses, fits its schema and matches its own checksum; else (None, why),
+    naming the field. A format-1 meta.json (before meta_sha256) is accepted without the checksum."""
+    data, problem = read_json_file(path / META)
+    if data is None:
+        return None, "no readable meta.json (the write did not finish)" if problem is None else problem
+    meta, problem = problem_of(CheckpointMeta, data, str(path / META))
+    if problem is not None or meta is None:
+        return None, problem or "invalid"
+    stamp = data.get("meta_sha256")
+    if (stamp is not None or data.get("format_version", 1) >= 2) and stamp != seal(data)["meta_sha256"]:
+        return None, (f"{path / META}: field 'meta_sha256': does not match the file's content "
+                      "(edited or damaged after it was written)")
+    return data, "ok"
+
+
 def verify(path: Path) -> tuple[bool, str]:
-    """(ok, reason): meta.json present and parseable, every listed file present with its checksum."""
-    meta = read_meta(path)
+    """(ok, reason): meta.json valid (schema and its own checksum), every listed file present with its checksum."""
+    meta, why = check_meta(path)
     if meta is None:
-        return False, "no readable meta.json (the write did not finish)"
-    files = meta.get("files")
-    if not isinstance(files, dict) or not ({"model.pt", SHARDED_MODEL} & set(files)):
+        return False, why
+    files = meta["files"]
+    if not ({"model.pt", SHARDED_MODEL} & set(files)):
         return False, "meta.json lists no model.pt (nor DCP model shards)"
     for name, info in files.items():
         f = path / name
@@ -253,7 +329,7 @@ def latest_good(run_dir: str | Path, log: Callable[[str], None] = print) -> tupl
         p = step_dir(run_dir, s)
         ok, why = verify(p)
         if ok:
-            return s, read_meta(p) or {}
+            return s, check_meta(p)[0] or {}
         log(f"checkpoint {p.name} is not usable: {why}; falling back to the previous one")
     return None
 
@@ -290,7 +366,8 @@ def prepare_dir(path: Path) -> None:
 
 
 def write_meta(path: Path, meta: dict[str, Any]) -> None:
-    atomic_write_text(path / META, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    """meta.json, sealed with its own sha256 (meta_sha256)."""
+    atomic_write_text(path / META, json.dumps(seal(meta), indent=2, sort_keys=True) + "\n")
     fsync_dir(path)
 
 
@@ -346,11 +423,21 @@ def load_torch(path: Path, map_location: Any = "cpu") -> Any:
 
 # ---------------------------------------------------------------- retention and best.json
 
+def best_problem(run_dir: str | Path) -> str | None:
+    """What is wrong with RUN_DIR/best.json (file and field), or None when it is valid or absent."""
+    data, problem = read_json_file(Path(run_dir) / BEST)
+    if data is None:
+        return problem
+    return problem_of(Best, data, str(Path(run_dir) / BEST))[1]
+
+
 def read_best(run_dir: str | Path) -> dict[str, Any] | None:
-    try:
-        return json.loads((Path(run_dir) / BEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    """best.json when valid; None when absent or invalid (it is then rewritten at the next checkpoint
+    with a validation loss; best_problem says what is wrong)."""
+    data, problem = read_json_file(Path(run_dir) / BEST)
+    if data is None or problem_of(Best, data, BEST)[1] is not None:
         return None
+    return data
 
 
 def update_best(run_dir: str | Path, step: int, val_loss: float | None) -> bool:

@@ -10,10 +10,16 @@ data position is just its step and a resumed run continues on the exact next bat
   disjoint slice of each epoch and an epoch covers every window exactly once.
 
 Validation uses a fixed set of windows from the start of val.bin, split across the ranks.
+
+Checks before any rank indexes the embedding (each a one-line PlanError naming the file, exit 2):
+a .bin whose size is not a whole number of tokens, or differs from meta.json's token count, and
+token ids >= meta.json's vocab_size (every token of a file up to FULL_CHECK_MAX_BYTES, sampled
+blocks above). `fingerprint` identifies a data file cheaply for the resume check (runner/train.py).
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import OrderedDict
 from collections.abc import Iterator
@@ -26,23 +32,97 @@ from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
 
 FULL_PERMUTATION_MAX = 1 << 24  # above this many windows, use an affine bijection (O(1) memory)
+SAMPLE_BLOCKS = 64                 # fingerprint and token-id check of a large file: this many blocks ...
+SAMPLE_BLOCK_BYTES = 1 << 20       # ... of 1 MiB, evenly spaced, the first and the last included
+FULL_CHECK_MAX_BYTES = 256 << 20   # files up to this size are hashed and range-checked whole
+REDO = "re-run nanoplan prepare-data: the file is damaged, or not from this data dir"
 
 
-def open_tokens(path: str | Path, dtype: str) -> np.ndarray:
-    """Memory-map a raw token file (read-only)."""
+def _blocks(size: int) -> list[tuple[int, int]]:
+    """(offset, length) of the bytes a check reads: the whole file, or SAMPLE_BLOCKS spaced blocks."""
+    if size <= FULL_CHECK_MAX_BYTES:
+        return [(0, size)]
+    last = size - SAMPLE_BLOCK_BYTES
+    return [(last * i // (SAMPLE_BLOCKS - 1), SAMPLE_BLOCK_BYTES) for i in range(SAMPLE_BLOCKS)]
+
+
+def fingerprint(path: str | Path) -> dict[str, object]:
+    """{"bytes", "sha256", "method"} of a data file: a full sha256 up to FULL_CHECK_MAX_BYTES, above that a
+    sha256 of the size and SAMPLE_BLOCKS blocks of 1 MiB (64 MiB read, whatever the file's size)."""
+    p = Path(path)
+    size = p.stat().st_size
+    blocks = _blocks(size)
+    h = hashlib.sha256(f"{size}:".encode())
+    with open(p, "rb") as f:
+        for off, n in blocks:
+            f.seek(off)
+            while n > 0 and (chunk := f.read(min(n, 1 << 22))):
+                h.update(chunk)
+                n -= len(chunk)
+    return {"bytes": size, "sha256": h.hexdigest(),
+            "method": "full" if len(blocks) == 1 else f"sampled:{SAMPLE_BLOCKS}x{SAMPLE_BLOCK_BYTES}"}
+
+
+def check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
+    """Every token id (sampled blocks for a large file) must be < vocab_size; PlanError naming the file."""
+    item = tokens.dtype.itemsize
+    for off, n in _blocks(len(tokens) * item):
+        chunk = np.asarray(tokens[off // item:(off + n) // item])
+        if chunk.size and int(chunk.max()) >= vocab_size:
+            i = off // item + int(np.argmax(chunk >= vocab_size))
+            raise PlanError(str(path), f"holds token id {int(tokens[i]):,} at token {i:,}, but the vocab has "
+                            f"{vocab_size:,} ids (meta.json); the embedding has no row for it", REDO)
+
+
+def open_tokens(path: str | Path, dtype: str, expect_tokens: int | None = None) -> np.ndarray:
+    """Memory-map a raw token file (read-only), checking that it holds whole tokens (and the count expected)."""
     p = Path(path)
     if not p.exists():
         raise PlanError("--data", f"{p} does not exist", "run nanoplan prepare-data first")
-    if p.stat().st_size == 0:
+    size, item = p.stat().st_size, np.dtype(dtype).itemsize
+    if size % item:
+        raise PlanError(str(p), f"has {size:,} bytes, not a whole number of {dtype} tokens ({item} bytes each); "
+                        "it is truncated or not a token file", REDO)
+    if expect_tokens is not None and size // item != expect_tokens:
+        raise PlanError(str(p), f"holds {size // item:,} tokens, but meta.json says {expect_tokens:,}", REDO)
+    if size == 0:
         return np.zeros(0, dtype=dtype)
     return np.memmap(p, dtype=dtype, mode="r")
 
 
 def load_data(data_dir: str | Path) -> tuple[DataMeta, np.ndarray, np.ndarray]:
-    """(meta, train tokens, val tokens) of a prepare-data directory."""
+    """(meta, train tokens, val tokens) of a prepare-data directory, checked: whole tokens, the counts of
+    meta.json, and token ids below its vocab_size."""
     meta = load_data_meta(data_dir)
     d = Path(data_dir)
-    return meta, open_tokens(d / "train.bin", meta.dtype), open_tokens(d / "val.bin", meta.dtype)
+    train = open_tokens(d / "train.bin", meta.dtype, meta.train_tokens)
+    val = open_tokens(d / "val.bin", meta.dtype, meta.val_tokens)
+    check_token_ids(train, meta.vocab_size, d / "train.bin")
+    check_token_ids(val, meta.vocab_size, d / "val.bin")
+    return meta, train, val
+
+
+def data_fingerprints(data_dir: str | Path) -> dict[str, dict[str, object]]:
+    """{"train.bin": fingerprint, "val.bin": fingerprint} of a data dir."""
+    return {name: fingerprint(Path(data_dir) / name) for name in ("train.bin", "val.bin")}
+
+
+def fingerprint_change(old: object, data_dir: str | Path,
+                       new: dict[str, dict[str, object]]) -> tuple[str, str] | None:
+    """(file, what changed) in the data since `old` (a checkpoint's record) was taken; None when nothing did,
+    or when `old` is missing (a checkpoint from before fingerprints)."""
+    if not isinstance(old, dict):
+        return None
+    for name, now in new.items():
+        was = old.get(name)
+        if not isinstance(was, dict):
+            continue
+        where = str(Path(data_dir) / name)
+        if was.get("bytes") != now["bytes"]:
+            return where, f"has {now['bytes']:,} bytes, {was.get('bytes')} when the checkpoint was written"
+        if was.get("method") == now["method"] and was.get("sha256") != now["sha256"]:
+            return where, f"changed since the checkpoint was written (its sha256, {now['method']}, differs)"
+    return None
 
 
 def _coprime_multiplier(n: int, rng: np.random.Generator) -> int:

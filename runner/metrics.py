@@ -8,6 +8,9 @@ world_size, device, compiled, segment; plus val_loss on evaluation steps.
 `segment` counts launches of the run (0 for the first, +1 per resume). A resumed run appends;
 steps after the checkpoint it resumed from appear again with a higher segment, so readers
 should keep the last line of each step.
+
+Reading them back (read_metrics, read_run_info) validates every line and field; see
+runner/runfiles.py for what a bad line or file does.
 """
 
 from __future__ import annotations
@@ -15,10 +18,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
+from planner.errors import DuplicateKeyError, PlanError, strict_json_loads
 from planner.plan import atomic_write_text
+from runner.runfiles import MetricsRow, RunInfo, problem_of, read_json_file
 
 METRICS = "metrics.jsonl"
 RUN_INFO = "run_info.json"
@@ -31,18 +39,82 @@ def mfu(tokens_per_sec: float, flops_per_token: float, world_size: int, peak_flo
     return tokens_per_sec * flops_per_token / (world_size * peak_flops_per_gpu)
 
 
-def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Every complete line of metrics.jsonl (a torn last line from a kill is skipped)."""
+MAX_LINE_WARNINGS = 3
+_LITERALS = ("true", "false", "null", "NaN", "Infinity", "-Infinity")
+
+
+def _torn(text: str, e: json.JSONDecodeError) -> bool:
+    """Whether an unparseable line is a JSON object cut short (a kill mid-write), not a corrupt one."""
+    if not text.startswith("{"):
+        return False
+    rest = text[e.pos:].rstrip()
+    return (not rest or e.msg.startswith("Unterminated string") or any(lit.startswith(rest) for lit in _LITERALS)
+            or re.fullmatch(r"[-+0-9.eE]+", rest) is not None)
+
+
+def _stderr_warning(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr, flush=True)
+
+
+def read_metrics(run_dir: str | Path, warn: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Every valid line of metrics.jsonl, in order.
+
+    A torn line (a JSON object cut short by a kill; a resumed run appends after it) is skipped
+    silently. Any other bad line (not JSON, duplicate keys, a wrong type or NaN in a known field)
+    is skipped with a warning naming file:line and the field (the first few are named, then a count).
+    """
+    warn = warn or _stderr_warning
     p = Path(run_dir) / METRICS
-    if not p.exists():
+    try:
+        data = p.read_bytes()
+    except FileNotFoundError:
         return []
-    out = []
-    for line in p.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
+    out: list[dict[str, Any]] = []
+    bad: list[str] = []
+    for i, raw in enumerate(data.split(b"\n"), 1):
+        if not raw.strip():
             continue
+        where = f"{p}:{i}"
+        try:
+            text = raw.decode("utf-8")
+            row = strict_json_loads(text)
+        except UnicodeDecodeError:
+            bad.append(f"{where}: is not UTF-8 text")
+            continue
+        except json.JSONDecodeError as e:
+            if not _torn(text, e):
+                bad.append(f"{where}: is not valid JSON ({e.msg} at column {e.colno})")
+            continue
+        except DuplicateKeyError as e:
+            bad.append(f"{where}: {e}")
+            continue
+        except (ValueError, RecursionError) as e:
+            bad.append(f"{where}: is not a metrics line ({str(e).splitlines()[0][:80]})")
+            continue
+        problem = problem_of(MetricsRow, row, where)[1]
+        if problem is not None:
+            bad.append(problem)
+            continue
+        out.append(row)
+    for msg in bad[:MAX_LINE_WARNINGS]:
+        warn(f"{msg}; line skipped")
+    if len(bad) > MAX_LINE_WARNINGS:
+        warn(f"{p}: {len(bad) - MAX_LINE_WARNINGS} more bad lines skipped")
     return out
+
+
+def read_run_info(run_dir: str | Path) -> dict[str, Any] | None:
+    """RUN_DIR/run_info.json, validated (None when absent). A bad one raises PlanError naming the file and
+    field: it carries the budget spent by earlier launches, so it is not silently dropped."""
+    p = Path(run_dir) / RUN_INFO
+    data, problem = read_json_file(p)
+    if problem is None and data is not None:
+        problem = problem_of(RunInfo, data, str(p))[1]
+    if problem is not None:
+        raise PlanError(str(p), problem.removeprefix(f"{p}: "),
+                        f"fix that field, or move {RUN_INFO} aside (the hours in the checkpoints and "
+                        "metrics.jsonl still count)")
+    return data
 
 
 def last_by_step(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -118,7 +190,7 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
 def update_run_info(run_dir: str | Path, base: dict[str, Any], segment: dict[str, Any]) -> int:
     """Create or extend RUN_DIR/run_info.json with this launch; returns the segment number."""
     p = Path(run_dir) / RUN_INFO
-    info = read_json(p) or {**base, "segments": []}
+    info = read_run_info(run_dir) or {**base, "segments": []}
     info.update({k: v for k, v in base.items() if k != "start_time"})
     info.setdefault("start_time", base.get("start_time"))
     n = len(info.get("segments", []))

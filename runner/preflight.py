@@ -15,7 +15,7 @@ from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
 from planner.plan import Plan
 from planner.units import fmt_bytes
-from runner.checkpoint import BEST, CKPT_DIR, complete_steps, plan_hash, read_meta, step_dir
+from runner.checkpoint import BEST, CKPT_DIR, RESUME_HINT, complete_steps, read_meta, resume_mismatch, step_dir
 
 
 @dataclass
@@ -62,12 +62,8 @@ def check_resume(plan: Plan, run_dir: Path, resume: bool) -> str | None:
     done = complete_steps(run_dir)
     if not done:
         return f"--resume: {run_dir} has no complete checkpoint to resume from" if resume else None
-    meta = read_meta(step_dir(run_dir, done[-1])) or {}
-    theirs, ours = meta.get("plan_hash"), plan_hash(plan)
-    if theirs != ours:
-        return (f"{run_dir} holds checkpoints of a different plan (hash {str(theirs)[:12]}, this plan {ours[:12]}); "
-                "use another --run-dir, or --force to resume from them anyway")
-    return None
+    mismatch = resume_mismatch(read_meta(step_dir(run_dir, done[-1])) or {}, plan)
+    return f"{run_dir} holds checkpoints of a different plan{mismatch}; {RESUME_HINT}" if mismatch else None
 
 
 def _existing_parent(p: Path) -> Path:

@@ -154,9 +154,13 @@ class _BinWriter:
         self.tmp = Path(tmp)
         self.f = os.fdopen(fd, "wb")
         self.tokens = 0
+        self.max_id = -1    # the largest token id written (checked against the vocab before publishing)
 
     def write(self, ids: np.ndarray) -> None:
         if ids.size:
+            self.max_id = max(self.max_id, int(np.max(ids)))
+            if int(np.min(ids)) < 0:
+                self.max_id = max(self.max_id, 1 << 62)   # a negative id is as wrong as one past the vocab
             self.f.write(memoryview(np.ascontiguousarray(ids, dtype=self.dtype)))
             self.tokens += int(ids.size)
 
@@ -278,6 +282,10 @@ def prepare_data(inputs: list[str], out_dir: str | Path, tokenizer: str = "byte"
     try:
         _encode(tok, segs, writers, chunk_bytes, ticker("encode", total))
         enc_s = time.perf_counter() - t_enc
+        for w in writers.values():
+            if w.max_id >= tok.vocab_size:
+                raise PlanError(str(w.final), f"the {tokenizer} tokenizer produced token id {w.max_id:,}, outside its "
+                                f"vocab of {tok.vocab_size:,} ids; nothing was written", "report this as a bug")
         if writers["train"].tokens == 0:
             raise PlanError("INPUT", f"no training tokens ({writers['val'].tokens} went to validation)",
                             "give more text or a smaller --val-fraction")

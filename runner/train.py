@@ -32,9 +32,9 @@ from planner.errors import PlanError
 from planner.plan import Plan, load_plan
 from runner import checkpoint as ck
 from runner.clock import ENV_LAUNCH_ID, BudgetGuard, Clock, deadline_seconds, restart_carried_s
-from runner.data import TrainBatches, ValBatches, load_data
+from runner.data import TrainBatches, ValBatches, data_fingerprints, fingerprint_change, load_data
 from runner.display import Display, stop_summary
-from runner.metrics import RUN_INFO, STOP, MetricsLog, mfu, read_json, read_metrics, update_run_info, write_json
+from runner.metrics import STOP, MetricsLog, mfu, read_metrics, read_run_info, update_run_info, write_json
 from runner.model import GPT
 from runner.parallel import full_value, parallelize
 from runner.preflight import check_data, check_run_dir_contained, resolve_data_dir
@@ -156,14 +156,15 @@ def launch_job() -> str | None:
 
 def _restart_carry_h(run_dir: Path, clock: Clock) -> float:
     """Hours spent by earlier attempts of this torchrun job up to this launch's clock start (0 if none)."""
-    segs = (read_json(run_dir / RUN_INFO) or {}).get("segments") or []
+    segs = (read_run_info(run_dir) or {}).get("segments") or []
     s = restart_carried_s(segs if isinstance(segs, list) else [], launch_job(), ck._restart_count(),
                           clock.start_unix, clock.scale)
     return (s or 0.0) / 3600.0
 
 
 def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: bool,
-                   log: Any, clock: Clock) -> dict[str, Any]:
+                   log: Any, clock: Clock, data_dir: Path | None = None,
+                   data_fp: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rank 0: which checkpoint to resume from (or an error to raise on every rank), and the
     hours already spent ("carried_hours"): the checkpoint's, the metrics logged after it, and,
     after a torchrun restart, everything up to this launch (the crash and the restart included)."""
@@ -171,6 +172,8 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
         steps = ck.list_steps(run_dir)
         restarted = ck._restart_count() > 0
         restart_h = _restart_carry_h(run_dir, clock)
+        if (bad_best := ck.best_problem(run_dir)) is not None:
+            log(f"warning: {bad_best}; ignored (rewritten at the next checkpoint with a validation loss)")
         if not ck.complete_steps(run_dir):     # nothing, or only writes killed before meta.json
             if resume and not restarted:
                 raise PlanError("--resume", f"{run_dir} has no checkpoint to resume from", "drop --resume to start a new run")
@@ -181,7 +184,10 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
         found = ck.latest_good(run_dir, log)
         if found is None:
             if not force:
-                raise PlanError("--run-dir", f"{run_dir} holds checkpoints but none is intact",
+                newest = ck.list_steps(run_dir)[-1]
+                why = ck.verify(ck.step_dir(run_dir, newest))[1]
+                raise PlanError("--run-dir", f"{run_dir} holds checkpoints but none is intact "
+                                f"(the newest, step_{newest:08d}: {why})",
                                 "use another --run-dir, or --force to start from scratch here")
             log("no intact checkpoint; starting from scratch (--force)")
             return {"step": None, "carried_hours": restart_h}
@@ -190,13 +196,19 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
             moved = ck.set_aside(run_dir, bad)
             if moved is not None:
                 log(f"moved the damaged checkpoint step_{bad:08d} to {moved}")
-        if meta.get("plan_hash") != phash:
+        mismatch = ck.resume_mismatch(meta, plan)
+        if mismatch:
             if not force:
-                raise PlanError("--run-dir", f"checkpoint step_{step:08d} was made by a different plan "
-                                f"(hash {str(meta.get('plan_hash'))[:12]}, this plan {phash[:12]})",
-                                "use another --run-dir, or --force to resume from it anyway")
-            log(f"resuming from a checkpoint of a different plan (--force): {meta.get('plan_hash')}")
-        rows = read_metrics(run_dir)
+                raise PlanError("--run-dir", f"checkpoint step_{step:08d} was made by a different plan{mismatch}",
+                                ck.RESUME_HINT)
+            log(f"resuming from a checkpoint of a different plan (--force){mismatch}")
+        changed = fingerprint_change((meta.get("data") or {}).get("fingerprint"), data_dir or Path("."), data_fp or {})
+        if changed:
+            if not force:
+                raise PlanError(changed[0], f"{changed[1]} (checkpoint step_{step:08d})",
+                                "restore the data the run was trained on, or --force to resume on this data")
+            log(f"warning: {changed[0]}: {changed[1]}; resuming on it anyway (--force)")
+        rows = read_metrics(run_dir, warn=lambda m: log(f"warning: {m}"))
         logged_h = max((r.get("elapsed_hours") or 0.0 for r in rows), default=0.0)
         meta["carried_hours"] = max(float(meta.get("elapsed_hours", 0.0)), float(logged_h), restart_h)
         return {"step": step, "meta": meta, "carried_hours": meta["carried_hours"]}
@@ -270,8 +282,9 @@ class Trainer:
             build_optimizer=lambda m: build_optimizer(m, tr.optimizer, hyper.lr, hyper.matrix_lr, hyper.weight_decay,
                                                       tuple(hyper.betas), self.device_type))
         self.raw, self.fwd, self.model, self.opt = self.par.raw, self.par.fwd, self.par.model, self.par.opt
+        self.data_fp = data_fingerprints(data_dir) if d.is_main else None
         decision = _bcast(_decide_resume(plan, self.phash, self.run_dir, self.args.resume, self.args.force, self.log,
-                                         self.clock) if d.is_main else None, d)
+                                         self.clock, data_dir, self.data_fp) if d.is_main else None, d)
         if "error" in decision:
             raise PlanError(*decision["error"])
         self.start_step = decision["step"] or 0
@@ -346,7 +359,7 @@ class Trainer:
             self.segment = update_run_info(self.run_dir, {
                 "plan_hash": self.phash, "plan_path": str(Path(self.args.plan).resolve()), "device": self.device_name,
                 "torch_version": torch.__version__, "world_size": d.world_size, "start_time": now,
-                "data_dir": str(data_dir),
+                "data_dir": str(data_dir), "data_fingerprint": self.data_fp,
             }, {"start_time": now, "resumed_from_step": decision["step"], "world_size": d.world_size,
                 "restart_count": ck._restart_count(), "device": self.device_name, "job": launch_job(),
                 "clock_start_unix": self.clock.start_unix, "carried_hours": carried_h})
@@ -403,9 +416,11 @@ class Trainer:
             return {
                 "total_steps": self.total_steps, "elapsed_hours": total / 3600.0,
                 "usd_spent": total / 3600.0 * self.usd_per_hour, "plan_hash": self.phash,
+                "train_hash": ck.train_hash(self.plan), "plan": ck.plan_doc(self.plan),
                 "data": {"position": "step", "step": step, "seed": hyper.seed, "world_size": self.d.world_size,
                          "device_batch_size": tr.device_batch_size, "grad_accum_steps": self.accum,
-                         "seq_len": tr.seq_len, "data_dir": str(self.data_dir)},
+                         "seq_len": tr.seq_len, "data_dir": str(self.data_dir),
+                         "fingerprint": self.data_fp},
                 "val_loss": val, "patience": {"best_val_loss": self.best_val, "evals_since_best": self.evals_since_best},
                 "write_seconds": max(self.guard.ckpt_s or 0.0, self.clock.budget() - t0), "eval_seconds": self.guard.eval_s,
                 "tokens_seen": step * self.tokens_per_step, "segment": self.segment,

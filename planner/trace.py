@@ -167,8 +167,11 @@ def fvcore_forward_macs(spec: ModelSpec, batch: int = 1) -> int:
 
 # --------------------------------------------------------------------------- CUDA kernel semantics
 
-def _cuda_semantics() -> contextlib.AbstractContextManager[Any]:
+def _cuda_semantics(fused_op: bool = False) -> contextlib.AbstractContextManager[Any]:
     """Give the runner's ops CUDA's autocast policy and fused rms_norm, for the duration of a trace.
+
+    fused_op: call `aten::_fused_rms_norm` (CUDA's kernel; planner.compiled_trace registers it for
+    CPU) instead of the Python stand-in below, so a compiled graph holds the real op and backward.
 
     Swaps `F.rms_norm` and the pow/square entry points for versions that behave as on CUDA, and
     restores them on exit (the model looks them up at call time, so checkpoint recomputation in
@@ -234,6 +237,8 @@ def _cuda_semantics() -> contextlib.AbstractContextManager[Any]:
         if autocast_on():                 # CUDA autocast runs rms_norm in fp32
             x, weight = up(x), up(weight)
         with torch.autocast("cpu", enabled=False):
+            if fused_op:
+                return torch.ops.aten._fused_rms_norm(x, list(normalized_shape), weight, eps)[0]
             return FusedRMSNorm.apply(x, tuple(normalized_shape), weight, eps)
 
     def fp32_under_autocast(orig: Any) -> Any:

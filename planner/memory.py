@@ -72,6 +72,7 @@ class StepConfig:
     strategy: Strategy = "ddp"
     activation_checkpointing: bool = False
     loss_chunk_tokens: int = 0
+    compile: bool = False       # torch.compile: planner.memory_compiled's model of the compiled step
 
 
 @dataclass
@@ -702,8 +703,12 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
     phases: dict[str, int] = {}
     best: tuple[int, str, dict[str, int]] = (-1, "", {})
     shard = _grad_shard(cfg)
+    walk = _step_walk
+    if cfg.compile:
+        from planner.memory_compiled import step_walk as compiled_walk
+        walk = compiled_walk  # type: ignore[assignment]
     for base_grads, mode in _scenarios(cfg, m.params):
-        moments = _step_walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, mode, base_grads // shard, shard)
+        moments = walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, mode, base_grads // shard, shard)
         for phase, (level, kinds) in moments.items():
             breakdown = {key: int(kinds.get(key, 0)) for key in BREAKDOWN_KEYS}
             breakdown["temporaries"] += level - sum(breakdown.values())
@@ -848,9 +853,14 @@ def allocated_peak(cfg: StepConfig) -> int:
     chunk, n_chunks = _chunking(cfg)
     shard = _grad_shard(cfg)
     best = 0
+    if cfg.compile:
+        from planner.memory_compiled import profile as compiled_profile
     for base_grads, mode in _scenarios(cfg, m.params):
-        for _phase, lines in _profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
-                                      n_chunks == 2, mode, base_grads // shard, shard):
+        profile = (compiled_profile(m, cfg.activation_checkpointing, chunk, n_chunks == 2, mode, base_grads // shard, shard)
+                   if cfg.compile else
+                   _profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
+                            n_chunks == 2, mode, base_grads // shard, shard))
+        for _phase, lines in profile:
             for a0, b0 in lines:
                 v = a0 + b0 * N
                 if v > best:

@@ -693,8 +693,12 @@ def _state_cut(m: _Model, strategy: str, dp: int, w: int, spec: ModelSpec) -> in
 
 
 def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
-             fragmentation: float = 0.0) -> MemoryEstimate:
-    """Per-GPU peak bytes of a steady-state training step (see the module docstring)."""
+             fragmentation: float = 0.0, compiled_saved: tuple[int, int | None] | None = None) -> MemoryEstimate:
+    """Per-GPU peak bytes of a steady-state training step (see the module docstring).
+
+    compiled_saved (compile on): measured (all saved bytes, one block's) to walk instead of the
+    model's own counts; planner.trace uses it for the traced compiled step.
+    """
     spec = cfg.spec
     m = _model(spec, cfg.precision, cfg.optimizer)
     N = cfg.device_batch_size * spec.seq_len
@@ -703,10 +707,13 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
     phases: dict[str, int] = {}
     best: tuple[int, str, dict[str, int]] = (-1, "", {})
     shard = _grad_shard(cfg)
-    walk = _step_walk
     if cfg.compile:
+        from functools import partial
+
         from planner.memory_compiled import step_walk as compiled_walk
-        walk = compiled_walk  # type: ignore[assignment]
+        walk: Any = partial(compiled_walk, saved=compiled_saved)
+    else:
+        walk = _step_walk
     for base_grads, mode in _scenarios(cfg, m.params):
         moments = walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, mode, base_grads // shard, shard)
         for phase, (level, kinds) in moments.items():

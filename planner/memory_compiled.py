@@ -225,19 +225,24 @@ def _loss_fw(m: _Model, N: Any, chunk: int) -> Any:
     return chunk * D.V * (D.a + F32 if D.a < F32 else F32) + (D.a * D.V * D.d if D.ac else 0)
 
 
-def _block_walk(m: _Model, k: Any, N: Any, mode: str, ckpt: bool) -> None:
+def _block_walk(m: _Model, k: Any, N: Any, mode: str, ckpt: bool, block: Any = None) -> None:
+    saved = _block_saved(m, N) if block is None else block
     if ckpt:
-        k.alloc(_block_saved(m, N), "saved")        # the block's forward, recomputed
+        k.alloc(saved, "saved")                     # the block's forward, recomputed
     _block_bw(m.D, k, N, mode)
-    k.free(_block_saved(m, N) + (m.D.r * m.D.d * N if ckpt else 0), "saved")
+    k.free(saved + (m.D.r * m.D.d * N if ckpt else 0), "saved")
 
 
 def step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: str, base_grads: int,
-              shard: int = 1) -> dict[str, tuple[int, dict[str, int]]]:
-    """Each phase's peak and its kinds, for the compiled step (see the module docstring)."""
+              shard: int = 1, saved: tuple[int, int | None] | None = None) -> dict[str, tuple[int, dict[str, int]]]:
+    """Each phase's peak and its kinds, for the compiled step (see the module docstring).
+
+    saved: (all saved bytes, one block's saved bytes or None) measured by planner.compiled_trace,
+    in place of this module's counts (the traced step: the capture in the same walk).
+    """
     L = m.L
     fixed = {"parameters": m.params, "buffers": m.buffers, "optimizer_state": m.optimizer_state}
-    acts = saved_bytes(m, N, ckpt, chunk) + 2 * I64 * N
+    acts = (saved_bytes(m, N, ckpt, chunk) if saved is None else saved[0]) + 2 * I64 * N
     kinds0 = {**fixed, "gradients": base_grads, "activations": acts, "loss_temporaries": 0, "temporaries": 0}
     level0 = sum(kinds0.values())
     out: dict[str, tuple[int, dict[str, int]]] = {}
@@ -247,7 +252,7 @@ def step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: st
     _loss_bw(m, k, N, mode, chunk, n_chunks, N - (n_chunks - 1) * chunk if chunk else 0)
     out["backward_start"] = (k.peak, k.at_peak)
     b = _HoldWalk(0, {}, shard)
-    _block_walk(m, b, N, mode, ckpt)
+    _block_walk(m, b, N, mode, ckpt, None if saved is None else saved[1])
     best: tuple[int, dict[str, int]] = (-1, {})
     for i in (0, L - 1):
         lv = k.level + i * b.level + b.peak

@@ -213,12 +213,13 @@ def _summarise(cfg: StepConfig, store: dict[str, Any], seconds: float) -> Compil
                            by_base=rows)
 
 
-def capture_compiled(cfg: StepConfig) -> CompiledCapture:
+def capture_compiled(cfg: StepConfig, kernels: str = "cuda") -> CompiledCapture:
     """Compile the runner's forward + loss for `cfg` on CPU and read what its backward keeps.
 
     One micro-batch of cfg.device_batch_size × seq_len tokens, the runner's precision,
     activation checkpointing and loss chunking. Data parallelism and the optimizer do not change
-    what the compiled graph saves; planner.trace adds their state.
+    what the compiled graph saves; planner.trace adds their state. kernels="cpu" captures the
+    plain CPU step (no CUDA emulation), as a real CPU run compiles it (tests compare the two).
     """
     import torch
 
@@ -244,9 +245,10 @@ def capture_compiled(cfg: StepConfig) -> CompiledCapture:
     with contextlib.ExitStack() as stack:
         stack.enter_context(iconfig.patch(fx_graph_cache=False))
         stack.enter_context(fconfig.patch(enable_autograd_cache=False))
-        stack.enter_context(_fused_rms_norm_on_cpu())
         stack.enter_context(_partition_hook(store))
-        stack.enter_context(_cuda_semantics(fused_op=True))
+        if kernels == "cuda":
+            stack.enter_context(_fused_rms_norm_on_cpu())
+            stack.enter_context(_cuda_semantics(fused_op=True))
         compiled = torch.compile(model, backend="inductor", fullgraph=True)
         try:
             with autocast("cpu", cfg.precision):

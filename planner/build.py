@@ -62,6 +62,7 @@ def step_config(req: PlanRequest, device_batch: int, num_gpus: int) -> StepConfi
         grad_accum_steps=grad_accum(req.total_batch_tokens, device_batch, req.model.seq_len, num_gpus),
         dp=num_gpus, precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
         activation_checkpointing=req.activation_checkpointing, loss_chunk_tokens=req.loss_chunk_tokens,
+        compile=req.compile,
     )
 
 

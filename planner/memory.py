@@ -72,6 +72,7 @@ class StepConfig:
     strategy: Strategy = "ddp"
     activation_checkpointing: bool = False
     loss_chunk_tokens: int = 0
+    compile: bool = False       # torch.compile: planner.memory_compiled's model of the compiled step
 
 
 @dataclass
@@ -692,8 +693,12 @@ def _state_cut(m: _Model, strategy: str, dp: int, w: int, spec: ModelSpec) -> in
 
 
 def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
-             fragmentation: float = 0.0) -> MemoryEstimate:
-    """Per-GPU peak bytes of a steady-state training step (see the module docstring)."""
+             fragmentation: float = 0.0, compiled_saved: tuple[int, int | None] | None = None) -> MemoryEstimate:
+    """Per-GPU peak bytes of a steady-state training step (see the module docstring).
+
+    compiled_saved (compile on): measured (all saved bytes, one block's) to walk instead of the
+    model's own counts; planner.trace uses it for the traced compiled step.
+    """
     spec = cfg.spec
     m = _model(spec, cfg.precision, cfg.optimizer)
     N = cfg.device_batch_size * spec.seq_len
@@ -702,8 +707,15 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
     phases: dict[str, int] = {}
     best: tuple[int, str, dict[str, int]] = (-1, "", {})
     shard = _grad_shard(cfg)
+    if cfg.compile:
+        from functools import partial
+
+        from planner.memory_compiled import step_walk as compiled_walk
+        walk: Any = partial(compiled_walk, saved=compiled_saved)
+    else:
+        walk = _step_walk
     for base_grads, mode in _scenarios(cfg, m.params):
-        moments = _step_walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, mode, base_grads // shard, shard)
+        moments = walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, mode, base_grads // shard, shard)
         for phase, (level, kinds) in moments.items():
             breakdown = {key: int(kinds.get(key, 0)) for key in BREAKDOWN_KEYS}
             breakdown["temporaries"] += level - sum(breakdown.values())
@@ -848,9 +860,14 @@ def allocated_peak(cfg: StepConfig) -> int:
     chunk, n_chunks = _chunking(cfg)
     shard = _grad_shard(cfg)
     best = 0
+    if cfg.compile:
+        from planner.memory_compiled import profile as compiled_profile
     for base_grads, mode in _scenarios(cfg, m.params):
-        for _phase, lines in _profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
-                                      n_chunks == 2, mode, base_grads // shard, shard):
+        profile = (compiled_profile(m, cfg.activation_checkpointing, chunk, n_chunks == 2, mode, base_grads // shard, shard)
+                   if cfg.compile else
+                   _profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
+                            n_chunks == 2, mode, base_grads // shard, shard))
+        for _phase, lines in profile:
             for a0, b0 in lines:
                 v = a0 + b0 * N
                 if v > best:

@@ -113,6 +113,7 @@ class Settings:
     mfu: float | None = None
     dataset_tokens: int | None = None
     max_epochs: float | None = FRESH_EPOCHS   # with a dataset: never plan more epochs than this
+    compile: bool | None = None               # torch.compile; None: on for GPUs, off for CPU (the runner's default)
 
 
 class Candidate(NamedTuple):
@@ -326,6 +327,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     bw = link_bytes_per_s(hw)
     hbm = hbm_bytes_per_s(hw)
     chunk = settings.loss_chunk_tokens
+    compiled = is_gpu if settings.compile is None else settings.compile
     ds = settings.dataset_tokens
     cap_steps = _cap_steps(settings)
 
@@ -352,7 +354,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
                     alloc = allocated_peak(StepConfig(  # planner.memory's cached fast path (= estimate)
                         spec=spec, device_batch_size=b, grad_accum_steps=accum, dp=g, precision=settings.precision,
                         optimizer=settings.optimizer, strategy=strat, activation_checkpointing=ac,  # type: ignore[arg-type]
-                        loss_chunk_tokens=chunk))
+                        loss_chunk_tokens=chunk, compile=compiled))
                     total = alloc + fixed_over + (int(alloc * frag) if frag else 0)
                     if total > capacity:
                         continue
@@ -564,13 +566,20 @@ def plan_for_best(result: SearchResult, base: dict[str, Any], plan_path: str = "
     raise nothing_fits(result)
 
 
+def _compiled(result: SearchResult) -> bool:
+    """Whether the searched runs compile (GPU plans do unless the settings say otherwise)."""
+    s = result.settings.compile
+    return result.hw.profile.kind == "gpu" if s is None else s
+
+
 def nothing_fits(result: SearchResult) -> PlanError:
     hw = result.hw
     small = min(result.models, key=n_params)
     cfg = StepConfig(spec=small, device_batch_size=result.micro_batches[-1],
                      grad_accum_steps=result.settings.total_batch_tokens // (result.micro_batches[-1] * small.seq_len * hw.num_gpus),
                      dp=hw.num_gpus, precision=result.settings.precision, optimizer=result.settings.optimizer,
-                     strategy="fsdp", activation_checkpointing=True, loss_chunk_tokens=result.settings.loss_chunk_tokens)
+                     strategy="fsdp", activation_checkpointing=True, loss_chunk_tokens=result.settings.loss_chunk_tokens,
+                     compile=_compiled(result))
     need = memory_of(cfg, hw).total
     return PlanError("--gpu", f"no searched model fits on {hw.spec}: even {small.name} at micro-batch "
                      f"{cfg.device_batch_size} with fsdp + checkpointing needs {fmt_bytes(need)} > "
@@ -591,7 +600,7 @@ def _min_memory(spec: ModelSpec, result: SearchResult, strategy: str, ac: bool) 
     cfg = StepConfig(spec=spec, device_batch_size=b,
                      grad_accum_steps=s.total_batch_tokens // (b * spec.seq_len * hw.num_gpus), dp=hw.num_gpus,
                      precision=s.precision, optimizer=s.optimizer, strategy=strategy,  # type: ignore[arg-type]
-                     activation_checkpointing=ac, loss_chunk_tokens=s.loss_chunk_tokens)
+                     activation_checkpointing=ac, loss_chunk_tokens=s.loss_chunk_tokens, compile=_compiled(result))
     return memory_of(cfg, hw).total
 
 
@@ -839,7 +848,8 @@ def _step_of(result: SearchResult, c: Candidate) -> Throughput:
     s, hw = result.settings, result.hw
     cfg = StepConfig(spec=c.spec, device_batch_size=c.device_batch, grad_accum_steps=c.grad_accum, dp=hw.num_gpus,
                      precision=s.precision, optimizer=s.optimizer, strategy=c.strategy,  # type: ignore[arg-type]
-                     activation_checkpointing=c.activation_checkpointing, loss_chunk_tokens=s.loss_chunk_tokens)
+                     activation_checkpointing=c.activation_checkpointing, loss_chunk_tokens=s.loss_chunk_tokens,
+                     compile=_compiled(result))
     return estimate_throughput(cfg, hw, mfu=s.mfu)
 
 
@@ -904,7 +914,7 @@ def _memory_at(spec: ModelSpec, result: SearchResult, strategy: str, ac: bool, b
     cfg = StepConfig(spec=spec, device_batch_size=b,
                      grad_accum_steps=s.total_batch_tokens // (b * spec.seq_len * hw.num_gpus), dp=hw.num_gpus,
                      precision=s.precision, optimizer=s.optimizer, strategy=strategy,  # type: ignore[arg-type]
-                     activation_checkpointing=ac, loss_chunk_tokens=s.loss_chunk_tokens)
+                     activation_checkpointing=ac, loss_chunk_tokens=s.loss_chunk_tokens, compile=_compiled(result))
     return memory_of(cfg, hw).total
 
 
@@ -938,7 +948,7 @@ def settings_from(base: dict[str, Any]) -> Settings:
                     precision=base.get("precision", "bf16-autocast"), optimizer=base.get("optimizer", "adamw"),
                     loss_chunk_tokens=base.get("loss_chunk_tokens", 4096), headroom=base.get("headroom", 0.05),
                     mfu=base.get("mfu"), dataset_tokens=base.get("dataset_tokens"),
-                    max_epochs=base.get("max_epochs") or FRESH_EPOCHS)
+                    max_epochs=base.get("max_epochs") or FRESH_EPOCHS, compile=base.get("compile"))
 
 
 def length_from(base: dict[str, Any]) -> Length:

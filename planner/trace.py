@@ -32,8 +32,12 @@ Two deliberate departures from a plain CPU run, both documented in docs/memory.m
    planner.memory does, not a fake process group; tests/test_shard_state.py checks the
    runner's real per-rank parameters, gradients and optimizer state on 2 gloo processes.
 
-The trace is eager: torch.compile (on by default for GPU plans) usually saves activation
-memory, so eager figures are an upper bound for compiled runs.
+Compiled plans (``compile`` on: GPU plans) are traced differently: planner.compiled_trace
+compiles the runner's model with inductor on CPU and reads what AOTAutograd's partitioner saves
+for backward. The traced peak is those captured saved tensors (every block, the head and loss,
+the bf16 weight copies) in planner.memory_compiled's conservative backward walk, with the same
+parameters, gradients, optimizer and data-parallel state as the analytic model: the capture
+checks what the compiled forward keeps; the compiled backward's liveness needs a GPU.
 
 Not traced: CUDA context, NCCL buffers, cuBLAS/flash-attention workspaces and allocator
 fragmentation. Those are the profile's overhead terms (assumptions until measured on a GPU).
@@ -167,8 +171,11 @@ def fvcore_forward_macs(spec: ModelSpec, batch: int = 1) -> int:
 
 # --------------------------------------------------------------------------- CUDA kernel semantics
 
-def _cuda_semantics() -> contextlib.AbstractContextManager[Any]:
+def _cuda_semantics(fused_op: bool = False) -> contextlib.AbstractContextManager[Any]:
     """Give the runner's ops CUDA's autocast policy and fused rms_norm, for the duration of a trace.
+
+    fused_op: call `aten::_fused_rms_norm` (CUDA's kernel; planner.compiled_trace registers it for
+    CPU) instead of the Python stand-in below, so a compiled graph holds the real op and backward.
 
     Swaps `F.rms_norm` and the pow/square entry points for versions that behave as on CUDA, and
     restores them on exit (the model looks them up at call time, so checkpoint recomputation in
@@ -234,6 +241,8 @@ def _cuda_semantics() -> contextlib.AbstractContextManager[Any]:
         if autocast_on():                 # CUDA autocast runs rms_norm in fp32
             x, weight = up(x), up(weight)
         with torch.autocast("cpu", enabled=False):
+            if fused_op:
+                return torch.ops.aten._fused_rms_norm(x, list(normalized_shape), weight, eps)[0]
             return FusedRMSNorm.apply(x, tuple(normalized_shape), weight, eps)
 
     def fp32_under_autocast(orig: Any) -> Any:
@@ -327,6 +336,7 @@ class TracedMemory:
     peak_phase: str                    # forward | backward | optimizer
     seconds: float
     note: str = ""                     # how sharded parts were handled, if any
+    capture: Any = None                # compiled plans: planner.compiled_trace.CompiledCapture
 
     def analytic(self) -> MemoryEstimate:
         return estimate(self.config)
@@ -430,8 +440,30 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
     return mt
 
 
+def trace_compiled_memory(cfg: StepConfig) -> TracedMemory:
+    """Peak memory of one rank's compiled step: the captured saved tensors in the compiled walk."""
+    from planner.compiled_trace import capture_compiled
+
+    t0 = time.perf_counter()
+    cap = capture_compiled(cfg)
+    L = cfg.spec.n_layer
+    block = None if cfg.activation_checkpointing else cap.per_layer_tokens[L // 2] + cap.per_layer_constant[L // 2]
+    e = estimate(cfg, compiled_saved=(cap.saved_bytes, block))
+    cats = {k: e.breakdown.get(k, 0) for k in CATEGORIES}
+    cats["temporaries"] += e.breakdown.get("loss_temporaries", 0)
+    note = (f"compiled: {cap.n_saved} saved tensors ({cap.n_bases} buffers, {cap.saved_bytes / 2**30:.2f} GiB) "
+            "captured from the partitioner on CPU, in the conservative compiled backward walk")
+    return TracedMemory(config=cfg, kernels="cuda", peak_bytes=e.allocated_peak, breakdown=cats,
+                        peak_phase=e.peak_phase, seconds=time.perf_counter() - t0, note=note, capture=cap)
+
+
 def trace_memory(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, grad_clip: float = 1.0) -> TracedMemory:
-    """Peak memory of one rank's training step (see the module docstring for what is emulated)."""
+    """Peak memory of one rank's training step (see the module docstring for what is emulated).
+
+    A compiled plan (cfg.compile) is traced with `trace_compiled_memory`.
+    """
+    if cfg.compile:
+        return trace_compiled_memory(cfg)
     t0 = time.perf_counter()
     dp = max(1, cfg.dp)
     if cfg.strategy == "ddp" or dp == 1:

@@ -190,7 +190,7 @@ def test_estimate_writes_plan_json_by_default_and_ends_with_the_verdict(tmp_path
 
 def test_pinned_model_that_does_not_fit_exits_1_with_the_plan(tmp_path: Path) -> None:
     out = tmp_path / "big.json"
-    r = nanoplan("estimate", "--gpu", "H100", "--depth", "48", "--hours", "1", "--strategy", "ddp",
+    r = nanoplan("estimate", "--gpu", "H100", "--depth", "48", "--hours", "1", "--strategy", "ddp", "--no-activation-checkpointing",
                  "--no-activation-checkpointing", "--out", str(out))
     assert r.returncode == 1, r.stderr
     plan = load_plan(out)
@@ -203,7 +203,7 @@ def test_pinned_model_that_does_not_fit_exits_1_with_the_plan(tmp_path: Path) ->
 
 
 def test_one_micro_batch_tried_is_not_any_micro_batch(tmp_path: Path) -> None:
-    r = nanoplan("estimate", "--gpu", "8xH100", "--depth", "40", "--hours", "1", "--strategy", "ddp",
+    r = nanoplan("estimate", "--gpu", "8xH100", "--depth", "48", "--hours", "1", "--strategy", "ddp",
                  "--device-batch-size", "1", "--out", str(tmp_path / "p.json"), columns=200)
     assert r.returncode == 1
     assert "at any micro-batch" not in r.stdout and "the only one tried" in r.stdout

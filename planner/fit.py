@@ -1,8 +1,10 @@
 """Make a given model fit: pick the strategy and activation checkpointing when the user did not.
 
 `nanoplan estimate --depth 64` names the model but not how to hold it. The default is the
-simplest setting, ddp without checkpointing at the largest micro-batch that fits. When that
-does not fit, this module tries every strategy (ddp, zero1, zero2, fsdp) × checkpointing
+simplest setting, ddp without checkpointing at the largest micro-batch that fits; on several
+GPUs zero1 takes ddp's place when it fits and its modelled step time is within SETTINGS_TOL
+(1%) of ddp's at the same micro-batch (it holds 1/dp of the optimizer state; its parameter
+broadcast is its only extra cost). When neither fits, this module tries every strategy (ddp, zero1, zero2, fsdp) × checkpointing
 (off, on) × micro-batch the user left open, keeps those that fit the memory model, and picks
 the one with the most tokens for the length (ties go to the simpler setting, as in the
 search). It returns the plan and a few sentences, with numbers, that say why.
@@ -12,12 +14,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.build import build_plan, hardware_of
+from planner.build import build_plan, hardware_of, memory_of, step_config
 from planner.memory import STRATEGIES
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware
-from planner.search import Candidate, SearchResult, _min_memory, length_from, request_for, search, settings_from
+from planner.search import (
+    SETTINGS_TOL,
+    Candidate,
+    SearchResult,
+    _min_memory,
+    length_from,
+    request_for,
+    search,
+    settings_from,
+    zero1_sentence,
+)
 from planner.spec import ModelSpec
+from planner.throughput import estimate_throughput
 from planner.units import fmt_bytes, fmt_count
 
 
@@ -30,6 +43,10 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
     otherwise the open dimensions are searched.
     """
     pinned = {k: v for k, v in (("strategy", strategy), ("activation_checkpointing", ac)) if v is not None}
+    if strategy is None:
+        sharded = zero1_default(spec, {**base, **pinned}, plan_path)
+        if sharded is not None:
+            return sharded[0], [sharded[1]], None
     plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
     if plan.memory.fits or (strategy is not None and ac is not None):
         return plan, [], None
@@ -43,6 +60,28 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
         if chosen.memory.fits:
             return chosen, explain_fit(result, c, plan), result
     return plan, nothing_fits_with(spec, base, hw, plan, strategy, ac), result
+
+
+def zero1_default(spec: ModelSpec, base: dict[str, Any], plan_path: str) -> tuple[Plan, str] | None:
+    """zero1's plan and why, on several GPUs where it fits and costs at most SETTINGS_TOL of step time
+    against ddp at the same micro-batch; else None (ddp stays the default)."""
+    req = PlanRequest.model_validate({**base, "model": spec, "strategy": "zero1"})
+    hw = hardware_of(req)
+    if hw.num_gpus <= 1:
+        return None
+    plan = build_plan(req, plan_path=plan_path)
+    if not plan.memory.fits:
+        return None
+    ddp_req = req.model_copy(update={"strategy": "ddp"})
+    cfg = step_config(ddp_req, plan.training.device_batch_size, hw.num_gpus)
+    ddp_step = estimate_throughput(cfg, hw, mfu=req.mfu).step_seconds
+    cost = plan.throughput.step_seconds / ddp_step - 1
+    if cost > SETTINGS_TOL:
+        return None
+    ddp_mem = memory_of(cfg, hw)
+    return plan, zero1_sentence(hw.num_gpus, ddp_mem.breakdown["optimizer_state"],
+                                plan.memory.breakdown["optimizer_state"], cost, ddp_mem.total,
+                                plan.memory.per_gpu_bytes)
 
 
 def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], hw: Hardware, simplest: Plan, strategy: str | None,

@@ -57,6 +57,12 @@ STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "fsdp")
 F32 = 4          # fp32 bytes: losses, rstd/mean statistics, autocast's fp32 ops
 I64 = 8          # token ids
 
+# Tokens per chunk of the runner's chunked loss, by default. Each chunk holds about four fp32
+# (chunk × vocab) tensors at its backward's peak (`_loss_chunk_bw`): 1 GiB at V=65,536, where 4096
+# held 4 GiB. The total recompute FLOPs do not depend on the chunk; each chunk adds a few kernel
+# launches (planner/throughput.py KERNELS_PER_LOSS_CHUNK), +0.1% of a d20 B32 step.
+DEFAULT_LOSS_CHUNK_TOKENS = 1024
+
 BREAKDOWN_KEYS = ("parameters", "buffers", "gradients", "optimizer_state", "activations",
                   "loss_temporaries", "temporaries")
 

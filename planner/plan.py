@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import PlanError, pydantic_one_line
-from planner.memory import Optimizer, Precision, Strategy
+from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, Optimizer, Precision, Strategy
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 
@@ -64,7 +64,7 @@ class PlanRequest(_Strict):
     optimizer: Optimizer = "adamw"
     strategy: Strategy = "ddp"
     activation_checkpointing: bool = False
-    loss_chunk_tokens: int = Field(default=4096, ge=0, le=MAX_COUNT)
+    loss_chunk_tokens: int = Field(default=DEFAULT_LOSS_CHUNK_TOKENS, ge=0, le=MAX_COUNT)
     compile: bool = True
     budget_usd: float | None = Field(default=None, gt=0, le=1e12, **Finite)
     hours: float | None = Field(default=None, gt=0, le=1e6, **Finite)

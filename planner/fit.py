@@ -2,10 +2,10 @@
 
 `nanoplan estimate --depth 64` names the model but not how to hold it. The default is the
 simplest setting, ddp without checkpointing at the largest micro-batch that fits; on several
-GPUs zero1 takes ddp's place when it fits and its modelled step time is within SETTINGS_TOL
-(1%) of ddp's at the same micro-batch (it holds 1/dp of the optimizer state; its parameter
-broadcast is its only extra cost). When neither fits, this module tries every strategy (ddp, zero1, zero2, fsdp) × checkpointing
-(off, on) × micro-batch the user left open, keeps those that fit the memory model, and picks
+GPUs, where that fits, zero1 takes its place when zero1's modelled step time is within
+SETTINGS_TOL (1%) of ddp's at the same micro-batch (it holds 1/dp of the optimizer state; its
+parameter broadcast is its only extra cost). When ddp does not fit, this module tries every
+strategy (ddp, zero1, zero2, fsdp) × checkpointing (off, on) × micro-batch the user left open, keeps those that fit the memory model, and picks
 the one with the most tokens for the length (ties go to the simpler setting, as in the
 search). It returns the plan and a few sentences, with numbers, that say why.
 """
@@ -43,11 +43,11 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
     otherwise the open dimensions are searched.
     """
     pinned = {k: v for k, v in (("strategy", strategy), ("activation_checkpointing", ac)) if v is not None}
-    if strategy is None:
+    plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
+    if strategy is None and plan.memory.fits:
         sharded = zero1_default(spec, {**base, **pinned}, plan_path)
         if sharded is not None:
             return sharded[0], [sharded[1]], None
-    plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
     if plan.memory.fits or (strategy is not None and ac is not None):
         return plan, [], None
     hw = hardware_of(plan.request)

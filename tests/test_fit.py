@@ -30,9 +30,9 @@ def test_depth_64_on_8xh100_shards_and_checkpoints_and_says_why(tmp_path: Path) 
                        env={**os.environ, "COLUMNS": "300"})
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())
-    assert "d64 (13.4B params) does not fit with ddp: 324.84 GiB per GPU" in text
-    assert "ddp does not fit at all" in text and "Chosen: fsdp+AC at micro-batch 4" in text
-    assert "Do not fit even at micro-batch 1:" in text and "zero2+AC 115.55 GiB" in text
+    assert "d64 (13.4B params) does not fit with ddp: 324.37 GiB per GPU" in text
+    assert "ddp does not fit at all" in text and "Chosen: fsdp+AC at micro-batch 8" in text
+    assert "Do not fit even at micro-batch 1:" in text and "zero2+AC 113.69 GiB" in text
     plan = load_plan(out)
     assert plan.training.strategy == "fsdp" and plan.training.activation_checkpointing
     assert plan.memory.fits and "does not fit" not in " ".join(plan.warnings)
@@ -60,16 +60,20 @@ def test_the_choice_is_the_fastest_fitting_setting() -> None:
         ("fsdp", False, 4)
 
 
-def test_a_model_that_fits_under_ddp_is_left_alone() -> None:
+def test_a_model_that_fits_under_ddp_gets_zero1_at_no_cost() -> None:
+    # several GPUs: zero1 holds 1/8 of the AdamW state for a modelled +0.1% step time (its broadcast)
     plan, why, result = fit_model(depth(20), base(), strategy=None, ac=None)
-    assert (plan.training.strategy, plan.training.activation_checkpointing, why, result) == ("ddp", False, [], None)
+    assert (plan.training.strategy, plan.training.activation_checkpointing, result) == ("zero1", False, None)
+    assert len(why) == 1 and why[0].startswith("Strategy zero1: it shards the optimizer state over the 8 GPUs")
+    plan, why, result = fit_model(depth(20), base("H100"), strategy=None, ac=None)   # one GPU: nothing to shard
+    assert (plan.training.strategy, why, result) == ("ddp", [], None)
 
 
 def test_pinned_choices_are_kept_and_the_fix_is_named() -> None:
     spec = depth(64)
     plan, why, _ = fit_model(spec, base(), strategy="zero2", ac=None)
     assert plan.training.strategy == "zero2" and not plan.memory.fits
-    assert "fsdp+AC at micro-batch 4 would fit" in why[1] and "drop --strategy zero2" in why[1]
+    assert "fsdp+AC at micro-batch 8 would fit" in why[1] and "drop --strategy zero2" in why[1]
     plan, why, _ = fit_model(spec, base(), strategy="ddp", ac=False)
     assert not plan.memory.fits and why == []
     plan, why, _ = fit_model(depth(40), base(), strategy="zero1", ac=None)

@@ -2,7 +2,7 @@
 
 `nanoplan estimate --depth 64` names the model but not how to hold it. The default is the
 simplest setting, ddp without checkpointing at the largest micro-batch that fits; on several
-GPUs, where that fits, zero1 takes its place when zero1's modelled step time is within
+GPUs (not CPU profiles), where that fits, zero1 takes its place when zero1's modelled step time is within
 SETTINGS_TOL (1%) of ddp's at the same micro-batch (it holds 1/dp of the optimizer state; its
 parameter broadcast is its only extra cost). When ddp does not fit, this module tries every
 strategy (ddp, zero1, zero2, fsdp) × checkpointing (off, on) × micro-batch the user left open, keeps those that fit the memory model, and picks
@@ -27,6 +27,7 @@ from planner.search import (
     request_for,
     search,
     settings_from,
+    zero1_first,
     zero1_sentence,
 )
 from planner.spec import ModelSpec
@@ -67,7 +68,7 @@ def zero1_default(spec: ModelSpec, base: dict[str, Any], plan_path: str) -> tupl
     against ddp at the same micro-batch; else None (ddp stays the default)."""
     req = PlanRequest.model_validate({**base, "model": spec, "strategy": "zero1"})
     hw = hardware_of(req)
-    if hw.num_gpus <= 1:
+    if not zero1_first(hw):
         return None
     plan = build_plan(req, plan_path=plan_path)
     if not plan.memory.fits:

@@ -18,7 +18,8 @@ Ties on the objective go to the simpler settings: ddp before zero1/zero2/fsdp, n
 checkpointing before checkpointing, then the bigger micro-batch. On several GPUs zero1 comes
 first: it keeps 1/dp of the optimizer state per GPU and its only extra cost, the broadcast of the
 updated parameters, is modelled (planner/throughput.py), so where that keeps it within
-SETTINGS_TOL of the fastest it is the default (a pinned --strategy ddp still stands). Within one model and run
+SETTINGS_TOL of the fastest it is the default (a pinned --strategy ddp still stands; CPU
+profiles keep ddp first). Within one model and run
 length, settings whose step time is within SETTINGS_TOL of the fastest count as ties too:
 the step-time model cannot resolve smaller differences (docs/throughput.md), so a setting must
 be more than that much faster to beat a simpler one (e.g. a smaller micro-batch).
@@ -197,10 +198,16 @@ class SearchResult:
         return out
 
 
-def tie_break(c: Candidate, num_gpus: int = 1) -> tuple:
-    """Simpler first: ddp before sharding (on several GPUs zero1 first, then ddp), no checkpointing
-    first, bigger micro-batch first."""
-    rank = MULTI_GPU_RANK if num_gpus > 1 else STRATEGY_RANK
+def zero1_first(hw: Hardware) -> bool:
+    """Whether zero1 goes before ddp among ties: several GPUs (CPU profiles, for tests and
+    development, keep ddp first)."""
+    return hw.num_gpus > 1 and hw.profile.kind == "gpu"
+
+
+def tie_break(c: Candidate, shard_first: bool = False) -> tuple:
+    """Simpler first: ddp before sharding (`shard_first`, several GPUs: zero1, then ddp), no
+    checkpointing first, bigger micro-batch first."""
+    rank = MULTI_GPU_RANK if shard_first else STRATEGY_RANK
     return (rank[c.strategy], c.activation_checkpointing, -c.device_batch)
 
 
@@ -222,7 +229,8 @@ def length_key(c: Candidate, run_hours: float | None) -> tuple:
     return ("hours", c.hours) if run_hours is not None and c.hours == run_hours else ("steps", c.steps)
 
 
-def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None, num_gpus: int = 1) -> list[Candidate]:
+def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None,
+                   shard_first: bool = False) -> list[Candidate]:
     """Move each model's simplest near-fastest setting to the place of its best one.
 
     For the first (best) candidate f of each model, its siblings (same model, same `length_key`)
@@ -237,8 +245,8 @@ def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None,
     for j, c in enumerate(ranked):
         i, lk, limit = first[id(c.spec)]
         if j != i and c.step_seconds <= limit and length_key(c, run_hours) == lk:
-            tb = tie_break(c, num_gpus)
-            if tb < tie_break(ranked[i], num_gpus) and (id(c.spec) not in pick or tb < pick[id(c.spec)][0]):
+            tb = tie_break(c, shard_first)
+            if tb < tie_break(ranked[i], shard_first) and (id(c.spec) not in pick or tb < pick[id(c.spec)][0]):
                 pick[id(c.spec)] = (tb, j)
     if not pick:
         return ranked
@@ -386,7 +394,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     spend_hours, ranked, size_cap = _choose(fitting, objective, length.steps, run_hours, tb, ds, cap_steps,
                                             usd_per_hour)
     if settings_tol > 0:
-        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None, g)
+        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None, zero1_first(hw))
     return SearchResult(hw=hw, objective=objective, settings=settings, length=length, models=tuple(models),
                         micro_batches=tuple(choices), strategies=tuple(strategies), ac_options=tuple(ac_options),
                         ranked=ranked, evaluated=evaluated, capacity=capacity, seconds=time.perf_counter() - t0,
@@ -434,11 +442,11 @@ def with_objective(result: SearchResult, objective: str, hours: float | None = N
     usd_h = result.hw.num_gpus * result.hw.usd_per_gpu_hour
     if hours is not None:
         ranked = _ranked(fitting, objective, steps, hours, s.total_batch_tokens, s.dataset_tokens, cap, usd_h)
-        ranked = prefer_simpler(ranked, SETTINGS_TOL, hours if steps is None else None, result.hw.num_gpus)
+        ranked = prefer_simpler(ranked, SETTINGS_TOL, hours if steps is None else None, zero1_first(result.hw))
         return replace(result, objective=objective, ranked=ranked, spend_hours=hours, size_cap=None)
     spend, ranked, size_cap = _choose(fitting, objective, steps, result.run_hours, s.total_batch_tokens,
                                       s.dataset_tokens, cap, usd_h)
-    ranked = prefer_simpler(ranked, SETTINGS_TOL, spend if steps is None else None, result.hw.num_gpus)
+    ranked = prefer_simpler(ranked, SETTINGS_TOL, spend if steps is None else None, zero1_first(result.hw))
     return replace(result, objective=objective, ranked=ranked, spend_hours=spend, size_cap=size_cap)
 
 
@@ -813,7 +821,7 @@ def _why_settings(result: SearchResult, best: Candidate) -> list[str]:
         out.append(f"Settings: the fastest, {fastest.settings_label} at micro-batch {fastest.device_batch}, would be "
                    f"{_pct(fastest.tokens_per_sec / best.tokens_per_sec - 1)} faster; settings within {tol} of the "
                    "fastest are a tie the step-time model cannot resolve, won by the simplest ("
-                   + ("zero1, then ddp" if result.hw.num_gpus > 1 else "ddp")
+                   + ("zero1, then ddp" if zero1_first(result.hw) else "ddp")
                    + ", no checkpointing, the biggest micro-batch).")
     # strategy
     if best.strategy == "ddp":

@@ -119,6 +119,9 @@ class TrainingPlan(_Strict):
     activation_checkpointing: bool
     loss_chunk_tokens: int = Field(ge=0)
     compile: bool
+    # the residual stream between blocks (runner/model.py; bf16 under bf16 precisions, docs/numerics.md).
+    # None: a plan written before it was recorded.
+    residual_dtype: Literal["bf16", "fp32"] | None = None
 
 
 class MemoryPlan(_Strict):

@@ -189,3 +189,21 @@ def test_the_search_prefers_zero1_within_the_tolerance() -> None:
     assert best.mem_bytes < ddp.mem_bytes and best.step_seconds <= ddp.step_seconds * (1 + SETTINGS_TOL)
     assert search([style_spec("nanochat", 12, 2048, 65536)], parse_gpu_spec("8xH100"), Length(hours=1),
                   strategies=("ddp",)).best.strategy == "ddp"
+
+
+def test_the_plan_records_the_lean_defaults_and_old_plans_still_load() -> None:
+    from planner.plan import Plan
+
+    req = PlanRequest(gpu="8xH100", profile=resolve_profile("8xH100", None), model=style_spec("nanochat", 12, 2048,
+                      65536), budget_usd=100.0, strategy="zero1")
+    plan = build_plan(req)
+    tr = plan.training
+    assert (tr.strategy, tr.loss_chunk_tokens, tr.residual_dtype) == ("zero1", 1024, "bf16")
+    fp32 = build_plan(req.model_copy(update={"precision": "fp32"}))
+    assert fp32.training.residual_dtype == "fp32"
+    old = plan.model_dump(mode="json")
+    del old["training"]["residual_dtype"]                       # written before the field existed
+    assert Plan.model_validate(old).training.residual_dtype is None
+    old["training"]["residual"] = "bf16"                        # unknown fields are still refused
+    with pytest.raises(ValueError):
+        Plan.model_validate(old)

@@ -144,7 +144,8 @@ def _dims(spec: ModelSpec, precision: Precision) -> _Dims:
     return _Dims(
         d=spec.d_model, f=spec.d_ff, q=spec.n_head * spec.head_dim, kv=spec.n_kv_head * spec.head_dim,
         H=spec.n_head, KV=spec.n_kv_head, hd=spec.head_dim, T=spec.seq_len, V=spec.vocab_size,
-        w=w, a=a, r=r, nx=F32 if precision == "bf16-autocast" else r, ac=precision == "bf16-autocast", mlp=spec.mlp, ln=spec.norm == "layernorm",
+        w=w, a=a, r=r, nx=F32 if precision == "bf16-autocast" else r, ac=precision == "bf16-autocast",
+        mlp=spec.mlp, ln=spec.norm == "layernorm",
         norm_w=spec.norm != "rmsnorm_noweight", rotary=spec.pos == "rotary", qk_norm=spec.qk_norm,
         softcap=spec.logit_softcap is not None, tied=spec.tied, bias=spec.bias,
         learned_pos=spec.pos == "learned",

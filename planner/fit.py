@@ -119,9 +119,10 @@ def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[s
     ranked = result.ranked
     ddp_fits = any(c.strategy == "ddp" for c in ranked)
     if not ddp_fits and "ddp" in result.strategies:
-        need = _min_memory(best.spec, result, "ddp", True)
-        out.append(f"ddp does not fit at all: even at micro-batch {b_min} with checkpointing it needs "
-                   f"{fmt_bytes(need)} per GPU (every GPU holds the whole model, gradients and AdamW state).")
+        ac_ = True in result.ac_options     # checkpointing, unless the user turned it off
+        need = _min_memory(best.spec, result, "ddp", ac_)
+        out.append(f"ddp does not fit at all: even at micro-batch {b_min}{' with checkpointing' if ac_ else ''} it "
+                   f"needs {fmt_bytes(need)} per GPU (every GPU holds the whole model, gradients and AdamW state).")
     out.append(f"Chosen: {best.settings_label} at micro-batch {best.device_batch} × {best.grad_accum} accumulation, "
                f"{fmt_bytes(best.mem_bytes)} of {cap} per GPU, {fmt_count(best.tokens_per_sec)} tokens/s, "
                f"{fmt_count(best.tokens)} tokens in {best.hours:.1f} h for ${best.usd:,.0f}.")

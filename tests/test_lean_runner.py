@@ -207,3 +207,15 @@ def test_the_plan_records_the_lean_defaults_and_old_plans_still_load() -> None:
     old["training"]["residual"] = "bf16"                        # unknown fields are still refused
     with pytest.raises(ValueError):
         Plan.model_validate(old)
+
+
+def test_a_pinned_micro_batch_ddp_cannot_hold_is_run_with_zero1() -> None:
+    """The shape of the d20 B32 goal with the eager model: d28 at micro-batch 8 without checkpointing
+    does not fit with ddp's whole AdamW state on every GPU, and zero1 makes it fit, at no resolvable cost."""
+    base = {**_base("8xH100"), "device_batch_size": 8}
+    plan, why, _ = fit_model(_depth(28), base, strategy=None, ac=False)
+    assert (plan.training.strategy, plan.training.device_batch_size, plan.memory.fits) == ("zero1", 8, True)
+    assert why[0].startswith("d28 (1.31B params) does not fit with ddp: 81.97 GiB per GPU at micro-batch 8")
+    # checkpointing was turned off, so the sentence about ddp does not invoke it
+    assert why[1].startswith("ddp does not fit at all: even at micro-batch 8 it needs 81.97 GiB per GPU")
+    assert why[2].startswith("Chosen: zero1 at micro-batch 8 × 4 accumulation, 72.98 GiB of 75.15 GiB")

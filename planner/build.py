@@ -8,7 +8,7 @@ from planner import __version__
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
 from planner.launch import torchrun_command
-from planner.memory import MemoryEstimate, StepConfig, estimate
+from planner.memory import MemoryEstimate, StepConfig, estimate, residual_bytes
 from planner.plan import (
     BudgetPlan,
     HardwarePlan,
@@ -181,7 +181,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                               total_batch_tokens=req.total_batch_tokens, seq_len=spec.seq_len,
                               precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
                               activation_checkpointing=req.activation_checkpointing,
-                              loss_chunk_tokens=req.loss_chunk_tokens, compile=req.compile),
+                              loss_chunk_tokens=req.loss_chunk_tokens, compile=req.compile,
+                              residual_dtype="bf16" if residual_bytes(req.precision) == 2 else "fp32"),
         memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
                           usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
                           peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,

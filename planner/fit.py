@@ -1,9 +1,11 @@
 """Make a given model fit: pick the strategy and activation checkpointing when the user did not.
 
 `nanoplan estimate --depth 64` names the model but not how to hold it. The default is the
-simplest setting, ddp without checkpointing at the largest micro-batch that fits. When that
-does not fit, this module tries every strategy (ddp, zero1, zero2, fsdp) × checkpointing
-(off, on) × micro-batch the user left open, keeps those that fit the memory model, and picks
+simplest setting, ddp without checkpointing at the largest micro-batch that fits; on several
+GPUs (not CPU profiles), where that fits, zero1 takes its place when zero1's modelled step time is within
+SETTINGS_TOL (1%) of ddp's at the same micro-batch (it holds 1/dp of the optimizer state; its
+parameter broadcast is its only extra cost). When ddp does not fit, this module tries every
+strategy (ddp, zero1, zero2, fsdp) × checkpointing (off, on) × micro-batch the user left open, keeps those that fit the memory model, and picks
 the one with the most tokens for the length (ties go to the simpler setting, as in the
 search). It returns the plan and a few sentences, with numbers, that say why.
 """
@@ -12,12 +14,25 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.build import build_plan, hardware_of
+from planner.build import build_plan, hardware_of, memory_of, step_config
 from planner.memory import STRATEGIES
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware
-from planner.search import Candidate, SearchResult, _min_memory, length_from, request_for, search, settings_from
+from planner.search import (
+    SETTINGS_TOL,
+    Candidate,
+    SearchResult,
+    _min_memory,
+    length_from,
+    request_for,
+    search,
+    settings_from,
+    why_settings,
+    zero1_first,
+    zero1_sentence,
+)
 from planner.spec import ModelSpec
+from planner.throughput import estimate_throughput
 from planner.units import fmt_bytes, fmt_count
 
 
@@ -31,6 +46,14 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
     """
     pinned = {k: v for k, v in (("strategy", strategy), ("activation_checkpointing", ac)) if v is not None}
     plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
+    if strategy is None and base.get("device_batch_size") is None and plan.memory.fits:
+        faster = fastest_setting(spec, base, plan, ac, plan_path)
+        if faster is not None:
+            return faster
+    if strategy is None and plan.memory.fits:
+        sharded = zero1_default(spec, {**base, **pinned}, plan_path)
+        if sharded is not None:
+            return sharded[0], [sharded[1]], None
     if plan.memory.fits or (strategy is not None and ac is not None):
         return plan, [], None
     hw = hardware_of(plan.request)
@@ -43,6 +66,47 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
         if chosen.memory.fits:
             return chosen, explain_fit(result, c, plan), result
     return plan, nothing_fits_with(spec, base, hw, plan, strategy, ac), result
+
+
+def fastest_setting(spec: ModelSpec, base: dict[str, Any], simple: Plan, ac: bool | None,
+                    plan_path: str) -> tuple[Plan, list[str], SearchResult] | None:
+    """With strategy and micro-batch open: the search's choice (the fastest fitting setting, ties within
+    SETTINGS_TOL to the simplest) when it is not the simple plan and is faster; else None."""
+    hw = hardware_of(simple.request)
+    result = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
+                    ac_options=(ac,) if ac is not None else (False, True))
+    best, t = result.best, simple.training
+    if best is None or (best.strategy, best.activation_checkpointing, best.device_batch) == \
+            (t.strategy, t.activation_checkpointing, t.device_batch_size):
+        return None
+    setting = {"strategy": best.strategy, "activation_checkpointing": best.activation_checkpointing,
+               "device_batch_size": best.device_batch}     # the user's length stands (no search cap)
+    chosen = build_plan(PlanRequest.model_validate({**base, **setting, "model": spec}), plan_path=plan_path)
+    if not chosen.memory.fits or chosen.throughput.step_seconds >= simple.throughput.step_seconds:
+        return None
+    return chosen, why_settings(result, best), result
+
+
+def zero1_default(spec: ModelSpec, base: dict[str, Any], plan_path: str) -> tuple[Plan, str] | None:
+    """zero1's plan and why, on several GPUs where it fits and costs at most SETTINGS_TOL of step time
+    against ddp at the same micro-batch; else None (ddp stays the default)."""
+    req = PlanRequest.model_validate({**base, "model": spec, "strategy": "zero1"})
+    hw = hardware_of(req)
+    if not zero1_first(hw):
+        return None
+    plan = build_plan(req, plan_path=plan_path)
+    if not plan.memory.fits:
+        return None
+    ddp_req = req.model_copy(update={"strategy": "ddp"})
+    cfg = step_config(ddp_req, plan.training.device_batch_size, hw.num_gpus)
+    ddp_step = estimate_throughput(cfg, hw, mfu=req.mfu).step_seconds
+    cost = plan.throughput.step_seconds / ddp_step - 1
+    if cost > SETTINGS_TOL:
+        return None
+    ddp_mem = memory_of(cfg, hw)
+    return plan, zero1_sentence(hw.num_gpus, ddp_mem.breakdown["optimizer_state"],
+                                plan.memory.breakdown["optimizer_state"], cost, ddp_mem.total,
+                                plan.memory.per_gpu_bytes)
 
 
 def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], hw: Hardware, simplest: Plan, strategy: str | None,
@@ -79,9 +143,10 @@ def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[s
     ranked = result.ranked
     ddp_fits = any(c.strategy == "ddp" for c in ranked)
     if not ddp_fits and "ddp" in result.strategies:
-        need = _min_memory(best.spec, result, "ddp", True)
-        out.append(f"ddp does not fit at all: even at micro-batch {b_min} with checkpointing it needs "
-                   f"{fmt_bytes(need)} per GPU (every GPU holds the whole model, gradients and AdamW state).")
+        ac_ = True in result.ac_options     # checkpointing, unless the user turned it off
+        need = _min_memory(best.spec, result, "ddp", ac_)
+        out.append(f"ddp does not fit at all: even at micro-batch {b_min}{' with checkpointing' if ac_ else ''} it "
+                   f"needs {fmt_bytes(need)} per GPU (every GPU holds the whole model, gradients and AdamW state).")
     out.append(f"Chosen: {best.settings_label} at micro-batch {best.device_batch} × {best.grad_accum} accumulation, "
                f"{fmt_bytes(best.mem_bytes)} of {cap} per GPU, {fmt_count(best.tokens_per_sec)} tokens/s, "
                f"{fmt_count(best.tokens)} tokens in {best.hours:.1f} h for ${best.usd:,.0f}.")

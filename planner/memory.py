@@ -6,7 +6,9 @@ FakeTensorMode, with CUDA kernel semantics (CUDA's autocast policy, fused rms_no
 attention). Every byte count names the tensor it stands for. Notation: N tokens per
 micro-batch (B·T), d width, f MLP width, q = n_head·head_dim, kv = n_kv_head·head_dim, V
 vocabulary, H/KV head counts; a = bytes of matmul activations (2 under bf16, 4 in fp32),
-w = bytes of parameters and gradients, r = bytes of the residual stream (fp32 under autocast).
+w = bytes of parameters and gradients, r = bytes of the residual stream (`residual_bytes`: bf16
+under bf16 autocast, as runner/model.py casts the embedding's output), nx = bytes of a norm's
+input copy and output (fp32 under autocast: CUDA runs norms in fp32; else r).
 
 The peak is the largest of these phases of a steady-state step (the optimizer state exists):
 
@@ -55,6 +57,12 @@ STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "fsdp")
 F32 = 4          # fp32 bytes: losses, rstd/mean statistics, autocast's fp32 ops
 I64 = 8          # token ids
 
+# Tokens per chunk of the runner's chunked loss, by default. Each chunk holds about four fp32
+# (chunk × vocab) tensors at its backward's peak (`_loss_chunk_bw`): 1 GiB at V=65,536, where 4096
+# held 4 GiB. The total recompute FLOPs do not depend on the chunk; each chunk adds a few kernel
+# launches (planner/throughput.py KERNELS_PER_LOSS_CHUNK), +0.1% of a d20 B32 step.
+DEFAULT_LOSS_CHUNK_TOKENS = 1024
+
 BREAKDOWN_KEYS = ("parameters", "buffers", "gradients", "optimizer_state", "activations",
                   "loss_temporaries", "temporaries")
 
@@ -93,10 +101,16 @@ class MemoryEstimate:
 def _bytes(precision: Precision) -> tuple[int, int, int]:
     """(weight bytes, matmul activation bytes, residual-stream bytes)."""
     if precision == "bf16-autocast":
-        return 4, 2, 4
+        return 4, 2, 2       # fp32 master weights; bf16 matmuls and residual stream (runner/model.py)
     if precision == "bf16":
         return 2, 2, 2
     return 4, 4, 4
+
+
+def residual_bytes(precision: Precision) -> int:
+    """Bytes per element of the residual stream between blocks: the one input every residual
+    term of the memory model (eager here, compiled in planner/memory_compiled.py) reads, as `_Dims.r`."""
+    return _bytes(precision)[2]
 
 
 @dataclass(frozen=True)
@@ -112,7 +126,8 @@ class _Dims:
     V: int
     w: int
     a: int
-    r: int
+    r: int              # residual stream bytes (residual_bytes)
+    nx: int             # a norm's saved input copy and its output: fp32 under autocast, else r
     ac: bool            # bf16 autocast: fp32 weights cast to bf16 per matmul, cached and saved
     mlp: str
     ln: bool            # LayerNorm (mean + rstd) rather than RMSNorm (rstd)
@@ -130,7 +145,8 @@ def _dims(spec: ModelSpec, precision: Precision) -> _Dims:
     return _Dims(
         d=spec.d_model, f=spec.d_ff, q=spec.n_head * spec.head_dim, kv=spec.n_kv_head * spec.head_dim,
         H=spec.n_head, KV=spec.n_kv_head, hd=spec.head_dim, T=spec.seq_len, V=spec.vocab_size,
-        w=w, a=a, r=r, ac=precision == "bf16-autocast", mlp=spec.mlp, ln=spec.norm == "layernorm",
+        w=w, a=a, r=r, nx=F32 if precision == "bf16-autocast" else r, ac=precision == "bf16-autocast",
+        mlp=spec.mlp, ln=spec.norm == "layernorm",
         norm_w=spec.norm != "rmsnorm_noweight", rotary=spec.pos == "rotary", qk_norm=spec.qk_norm,
         softcap=spec.logit_softcap is not None, tied=spec.tied, bias=spec.bias,
         learned_pos=spec.pos == "learned",
@@ -179,7 +195,7 @@ def layer_activation_bytes(spec: ModelSpec, precision: Precision) -> int:
 
 def _layer_per_token(D: _Dims) -> int:
     a, d = D.a, D.d
-    return (2 * D.r * d                   # block input and mid-block residual (norm1/norm2 inputs)
+    return (2 * D.nx * d                  # norm1/norm2 inputs: the residuals, or their fp32 copies under autocast
             + 2 * _stats(D)               # norm1, norm2 statistics
             + 2 * a * d                   # norm outputs as qkv and fc take them (bf16 casts)
             + a * (D.q + 2 * D.kv)        # qkv output: v, a view, keeps the whole buffer alive
@@ -196,6 +212,17 @@ def _rope_casts(D: _Dims) -> int:
 def _block_weights(D: _Dims) -> int:
     n_in = 2 if D.mlp == "swiglu" else 1
     return D.d * (D.q + 2 * D.kv) + D.q * D.d + (n_in + 1) * D.d * D.f
+
+
+def _recomputed(D: _Dims, N: Any) -> Any:
+    """What a checkpointed block's recomputed forward saves beyond the checkpoint's saved input:
+    everything, less that input when norm1 saves the residual itself (no fp32 copy)."""
+    return _layer_saved(D, N) - (D.r * D.d * N if D.nx == D.r else 0)
+
+
+def _rb(D: _Dims) -> bool:
+    """A bf16 residual under autocast: norms upcast it (a copy, cast back in backward)."""
+    return D.ac and D.r != D.nx
 
 
 def _layer_saved(D: _Dims, N: int) -> int:
@@ -321,15 +348,28 @@ def _norm_bw(D: _Dims, k: _Walk, n: int, rows: int, *, weighted: bool, g_bytes: 
         _grad(k, nw, mode)
 
 
+def _resid_norm_bw(D: _Dims, k: Any, N: Any, mode: str) -> None:
+    """Backward of a norm over the residual stream (norm1, norm2, norm_f), its output's grad alive.
+
+    Its input is the residual itself, or (a bf16 residual under autocast) an fp32 copy, whose
+    ToCopyBackward casts the input's grad back to bf16."""
+    nx, d = D.nx, D.d
+    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=nx, x_bytes=nx, x_saved=nx * d * N, mode=mode)
+    if _rb(D):
+        k.alloc(D.r * d * N)
+        k.free(nx * d * N)
+
+
 def _block_bw(D: _Dims, k: _Walk, N: int, mode: str) -> None:
     """One block's backward, from the grad of its output (r·d·N) to the grad of its input."""
     a, r, d, f, q, kv = D.a, D.r, D.d, D.f, D.q, D.kv
-    ac = D.ac
+    ac, rb = D.ac, _rb(D)
+    cast = ac and not rb                    # an fp32 residual: the branch's grad is a bf16 copy
     # ---- MLP branch: x_out = x_mid + proj(act(fc(norm2(x_mid))))
-    if ac:
+    if cast:
         k.alloc(a * d * N)                  # AddBackward: the branch's grad, cast to its bf16 output
     if D.mlp == "relu2":
-        _linear_bw(D, k, f, d, N, x_cast=ac, x_free=True, g_free=ac, mode=mode)
+        _linear_bw(D, k, f, d, N, x_cast=ac, x_free=True, g_free=cast, mode=mode)
         if ac:                              # pow backward (fp32): grad·(2·x.pow(1)): three fp32 tensors
             k.alloc(F32 * f * N)
             k.alloc(F32 * f * N)
@@ -350,13 +390,13 @@ def _block_bw(D: _Dims, k: _Walk, N: int, mode: str) -> None:
         k.free(a * f * N, "activations")    # the saved relu output
         fc_out = f
     elif D.mlp == "gelu":
-        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, mode=mode)
+        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=cast, mode=mode)
         k.alloc(a * f * N)                  # gelu_backward
         k.free(a * f * N)
         k.free(a * f * N, "activations")    # the saved fc output
         fc_out = f
     else:
-        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=ac, mode=mode)
+        _linear_bw(D, k, f, d, N, x_cast=False, x_free=True, g_free=cast, mode=mode)
         k.alloc(a * f * N)                  # mul backward: grad of silu(gate)
         k.alloc(a * f * N)                  # mul backward: grad of up
         k.free(a * f * N)                   # incoming grad
@@ -368,13 +408,13 @@ def _block_bw(D: _Dims, k: _Walk, N: int, mode: str) -> None:
         k.free(2 * a * f * N)
         fc_out = 2 * f
     _linear_bw(D, k, d, fc_out, N, x_cast=ac, x_free=True, g_free=True, mode=mode)
-    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, mode=mode)
+    _resid_norm_bw(D, k, N, mode)
     k.alloc(r * d * N)                      # the residual grad accumulates the norm2 branch
     k.free(2 * r * d * N)
     # ---- attention branch: x_mid = x_in + proj(sdpa(rope/qknorm(qkv(norm1(x_in)))))
-    if ac:
+    if cast:
         k.alloc(a * d * N)
-    _linear_bw(D, k, q, d, N, x_cast=False, x_free=False, g_free=ac, mode=mode)
+    _linear_bw(D, k, q, d, N, x_cast=False, x_free=False, g_free=cast, mode=mode)
     k.alloc(a * (q + 2 * kv) * N)           # SDPA backward: dq, dk, dv
     k.free(a * q * N)                       # incoming grad
     k.free(a * q * N + F32 * D.H * N, "activations")  # saved output and logsumexp
@@ -400,7 +440,7 @@ def _block_bw(D: _Dims, k: _Walk, N: int, mode: str) -> None:
     k.alloc(a * (q + 2 * kv) * N)           # cat: grad of the qkv output
     k.free(a * (q + 2 * kv) * N)
     _linear_bw(D, k, d, q + 2 * kv, N, x_cast=ac, x_free=True, g_free=True, mode=mode)
-    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=r, x_bytes=r, x_saved=r * d * N, mode=mode)
+    _resid_norm_bw(D, k, N, mode)
     k.alloc(r * d * N)                      # the residual grad accumulates the norm1 branch
     k.free(2 * r * d * N)
 
@@ -483,11 +523,11 @@ def _loss_chunk_bw(D: _Dims, k: _Walk, c: int, N: int, first: bool, mode: str, f
     if D.ac:
         k.alloc(F32 * d * c)                        # ToCopyBackward: rows' grad to fp32
         k.free(a * d * c)
-    k.alloc(D.r * d * N)                            # slice_backward: a full (N, d) grad
+    k.alloc(D.nx * d * N)                           # slice_backward: a full (N, d) grad
     k.free((F32 if D.ac else a) * d * c)
     if not first:
-        k.alloc(D.r * d * N)                        # accumulated out of place
-        k.free(2 * D.r * d * N)
+        k.alloc(D.nx * d * N)                       # accumulated out of place
+        k.free(2 * D.nx * d * N)
 
 
 # --------------------------------------------------------------------------- the step
@@ -567,10 +607,10 @@ def _saved(m: _Model, N: Any, ckpt: bool, chunk: int) -> tuple[Any, Any, Any]:
     r, d, a, V = D.r, D.d, D.a, D.V
     inputs = 2 * I64 * N                                   # token ids and targets
     blocks = L * (r * d * N if ckpt else _layer_saved(D, N))   # checkpointing keeps block inputs only
-    tail = r * d * N + _stats(D) * N                       # last block output, norm_f statistics
+    tail = D.nx * d * N + _stats(D) * N                    # norm_f's input (last block output or its copy), stats
     tail += I64 * D.T if D.learned_pos else 0              # positions, saved for wpe's backward
     if chunk:
-        head = r * d * N                                   # norm_f output, kept by the checkpointed chunks
+        head = D.nx * d * N                                # norm_f output, kept by the checkpointed chunks
         loss = 0
     else:
         head = a * d * N + (a * V * d if D.ac else 0)      # head input and its bf16 weight copy
@@ -586,7 +626,7 @@ def _forward_extra(m: _Model, N: Any, ckpt: bool, chunk: int) -> tuple[Any, Any]
     if chunk:                                              # the cached bf16 weight copy (the rows' copy
         other = a * V * d if D.ac else 0                   # is freed once the chunk's matmul has run)
     else:                                                  # norm_f output, a local until forward returns
-        other = D.r * d * N
+        other = D.nx * d * N
     return _loss_fw_peak(D, chunk or N), cache + other
 
 
@@ -609,20 +649,23 @@ def _loss_head_bw(D: _Dims, k: Any, N: Any, head: Any, mode: str, chunk: int, n_
         k.free(head - early, "activations")
     else:
         _loss_full_bw(D, k, N, mode)
-    _norm_bw(D, k, d, N, weighted=D.norm_w, g_bytes=D.r, x_bytes=D.r, x_saved=D.r * d * N, mode=mode)
+    _resid_norm_bw(D, k, N, mode)
 
 
 def _embedding_bw(D: _Dims, e: Any, N: Any, mode: str) -> None:
     """Backward of the input embeddings, when every other gradient exists."""
-    w, r, d, V = D.w, D.r, D.d, D.V
+    w, r, d, V, nx = D.w, D.r, D.d, D.V, D.nx
+    if _rb(D):                                             # ToCopyBackward of the cast to bf16
+        e.alloc(nx * d * N)
+        e.free(r * d * N)
     if D.learned_pos:
-        e.alloc(r * D.T * d)                               # grad of wpe's output, summed over the batch
+        e.alloc(nx * D.T * d)                              # grad of wpe's output, summed over the batch
         e.alloc(w * D.T * d)                               # embedding_dense_backward for wpe
-        e.free(r * D.T * d)
+        e.free(nx * D.T * d)
         _grad(e, w * D.T * d, mode)
         e.free(I64 * D.T, "activations")
     e.alloc(w * V * d)                                     # embedding_dense_backward for wte
-    e.free(r * d * N)                                      # the incoming grad
+    e.free(nx * d * N)                                     # the incoming grad
     if D.tied:                                             # the engine adds it to the head's grad
         e.alloc(w * V * d)
         e.free(2 * w * V * d)
@@ -647,8 +690,10 @@ def _step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: s
     # blocks: walk one (they are identical); the stack's top and bottom follow by linearity
     b = _Walk(0, {}, shard)
     if ckpt:
-        b.alloc(_layer_saved(D, N) - D.r * D.d * N, "activations")   # the block's forward, recomputed
+        b.alloc(_recomputed(D, N), "activations")   # the block's forward, recomputed
     _block_bw(D, b, N, mode)
+    if ckpt and D.nx != D.r:
+        b.free(D.r * D.d * N, "activations")        # the checkpoint's saved input, once its backward ends
     best: tuple[int, dict[str, int]] = (-1, {})
     for i in (0, L - 1):
         lv = k.level + i * b.level + b.peak
@@ -836,9 +881,9 @@ def _profile(spec: ModelSpec, precision: Precision, optimizer: Optimizer, ckpt: 
     top = (level0[0] + loss_net[0], level0[1] + loss_net[1])
     block_env, delta = _block_part(D, mode, shard)
     if ckpt:                                 # each block's forward is recomputed before its backward
-        re = _line(_layer_saved(D, 1j) - D.r * D.d * 1j)
+        re = _line(_recomputed(D, 1j))
         block_env = tuple(_shift(block_env, re))
-        delta = (delta[0] + re[0], delta[1] + re[1])
+        delta = (delta[0] + re[0], delta[1] + re[1] - (D.r * D.d if D.nx != D.r else 0))
     bottom = (top[0] + (L - 1) * delta[0], top[1] + (L - 1) * delta[1])
     end = (top[0] + L * delta[0], top[1] + L * delta[1])
     emb_env, _ = _embedding_part(D, mode, shard)

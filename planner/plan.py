@@ -16,7 +16,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from planner.errors import DuplicateKeyError, PlanError, echo, find_control, pydantic_one_line, strict_json_loads
-from planner.memory import Optimizer, Precision, Strategy
+from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, Optimizer, Precision, Strategy
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 
@@ -85,7 +85,7 @@ class PlanRequest(_Strict):
     optimizer: Optimizer = "adamw"
     strategy: Strategy = "ddp"
     activation_checkpointing: bool = False
-    loss_chunk_tokens: int = Field(default=4096, ge=0, le=MAX_COUNT)
+    loss_chunk_tokens: int = Field(default=DEFAULT_LOSS_CHUNK_TOKENS, ge=0, le=MAX_COUNT)
     compile: bool = True
     budget_usd: float | None = Field(default=None, gt=0, le=1e12, **Finite)
     hours: float | None = Field(default=None, gt=0, le=1e6, **Finite)
@@ -140,6 +140,9 @@ class TrainingPlan(_Strict):
     activation_checkpointing: bool
     loss_chunk_tokens: int = Field(ge=0)
     compile: bool
+    # the residual stream between blocks (runner/model.py; bf16 under bf16 precisions, docs/numerics.md).
+    # None: a plan written before it was recorded.
+    residual_dtype: Literal["bf16", "fp32"] | None = None
 
 
 class MemoryPlan(_Strict):

@@ -15,7 +15,11 @@ model with headroom and ranks them by an objective:
   then that fastest setting.
 
 Ties on the objective go to the simpler settings: ddp before zero1/zero2/fsdp, no
-checkpointing before checkpointing, then the bigger micro-batch. Within one model and run
+checkpointing before checkpointing, then the bigger micro-batch. On several GPUs zero1 comes
+first: it keeps 1/dp of the optimizer state per GPU and its only extra cost, the broadcast of the
+updated parameters, is modelled (planner/throughput.py), so where that keeps it within
+SETTINGS_TOL of the fastest it is the default (a pinned --strategy ddp still stands; CPU
+profiles keep ddp first). Within one model and run
 length, settings whose step time is within SETTINGS_TOL of the fastest count as ties too:
 the step-time model cannot resolve smaller differences (docs/throughput.md), so a setting must
 be more than that much faster to beat a simpler one (e.g. a smaller micro-batch).
@@ -39,7 +43,17 @@ from typing import Any, NamedTuple
 from planner.build import batch_choices, build_plan, memory_of
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params
 from planner.errors import PlanError
-from planner.memory import STRATEGIES, Optimizer, Precision, StepConfig, _bytes, allocated_peak, layer_activation_bytes
+from planner.memory import (
+    DEFAULT_LOSS_CHUNK_TOKENS,
+    STRATEGIES,
+    Optimizer,
+    Precision,
+    StepConfig,
+    _bytes,
+    allocated_peak,
+    estimate,
+    layer_activation_bytes,
+)
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.scaling import (
@@ -71,6 +85,8 @@ from planner.units import fmt_bytes, fmt_count
 
 OBJECTIVES = ("loss", "value", "max-model", "throughput", "chinchilla")
 STRATEGY_RANK = {s: i for i, s in enumerate(STRATEGIES)}
+# several GPUs: zero1 shards the optimizer state at a modelled cost, so among ties it goes first
+MULTI_GPU_RANK = {s: i for i, s in enumerate(("zero1", "ddp", "zero2", "fsdp"))}
 DEFAULT_DEPTHS = tuple(range(2, 65, 2))
 SETTINGS_TOL = 0.01  # relative step time: assumption; the throughput model's assumed constants (LAUNCH_SECONDS,
                      # kernel counts, OVERLAP) move step times by more than this (docs/throughput.md)
@@ -108,7 +124,7 @@ class Settings:
     total_batch_tokens: int = 524_288
     precision: Precision = "bf16-autocast"
     optimizer: Optimizer = "adamw"
-    loss_chunk_tokens: int = 4096
+    loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
     headroom: float = 0.05
     mfu: float | None = None
     dataset_tokens: int | None = None
@@ -183,9 +199,17 @@ class SearchResult:
         return out
 
 
-def tie_break(c: Candidate) -> tuple:
-    """Simpler first: ddp before sharding, no checkpointing first, bigger micro-batch first."""
-    return (STRATEGY_RANK[c.strategy], c.activation_checkpointing, -c.device_batch)
+def zero1_first(hw: Hardware) -> bool:
+    """Whether zero1 goes before ddp among ties: several GPUs (CPU profiles, for tests and
+    development, keep ddp first)."""
+    return hw.num_gpus > 1 and hw.profile.kind == "gpu"
+
+
+def tie_break(c: Candidate, shard_first: bool = False) -> tuple:
+    """Simpler first: ddp before sharding (`shard_first`, several GPUs: zero1, then ddp), no
+    checkpointing first, bigger micro-batch first."""
+    rank = MULTI_GPU_RANK if shard_first else STRATEGY_RANK
+    return (rank[c.strategy], c.activation_checkpointing, -c.device_batch)
 
 
 def objective_key(objective: str, c: Candidate) -> tuple:
@@ -206,7 +230,8 @@ def length_key(c: Candidate, run_hours: float | None) -> tuple:
     return ("hours", c.hours) if run_hours is not None and c.hours == run_hours else ("steps", c.steps)
 
 
-def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None) -> list[Candidate]:
+def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None,
+                   shard_first: bool = False) -> list[Candidate]:
     """Move each model's simplest near-fastest setting to the place of its best one.
 
     For the first (best) candidate f of each model, its siblings (same model, same `length_key`)
@@ -221,8 +246,8 @@ def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None)
     for j, c in enumerate(ranked):
         i, lk, limit = first[id(c.spec)]
         if j != i and c.step_seconds <= limit and length_key(c, run_hours) == lk:
-            tb = tie_break(c)
-            if tb < tie_break(ranked[i]) and (id(c.spec) not in pick or tb < pick[id(c.spec)][0]):
+            tb = tie_break(c, shard_first)
+            if tb < tie_break(ranked[i], shard_first) and (id(c.spec) not in pick or tb < pick[id(c.spec)][0]):
                 pick[id(c.spec)] = (tb, j)
     if not pick:
         return ranked
@@ -371,7 +396,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     spend_hours, ranked, size_cap = _choose(fitting, objective, length.steps, run_hours, tb, ds, cap_steps,
                                             usd_per_hour)
     if settings_tol > 0:
-        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None)
+        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None, zero1_first(hw))
     return SearchResult(hw=hw, objective=objective, settings=settings, length=length, models=tuple(models),
                         micro_batches=tuple(choices), strategies=tuple(strategies), ac_options=tuple(ac_options),
                         ranked=ranked, evaluated=evaluated, capacity=capacity, seconds=time.perf_counter() - t0,
@@ -419,11 +444,11 @@ def with_objective(result: SearchResult, objective: str, hours: float | None = N
     usd_h = result.hw.num_gpus * result.hw.usd_per_gpu_hour
     if hours is not None:
         ranked = _ranked(fitting, objective, steps, hours, s.total_batch_tokens, s.dataset_tokens, cap, usd_h)
-        ranked = prefer_simpler(ranked, SETTINGS_TOL, hours if steps is None else None)
+        ranked = prefer_simpler(ranked, SETTINGS_TOL, hours if steps is None else None, zero1_first(result.hw))
         return replace(result, objective=objective, ranked=ranked, spend_hours=hours, size_cap=None)
     spend, ranked, size_cap = _choose(fitting, objective, steps, result.run_hours, s.total_batch_tokens,
                                       s.dataset_tokens, cap, usd_h)
-    ranked = prefer_simpler(ranked, SETTINGS_TOL, spend if steps is None else None)
+    ranked = prefer_simpler(ranked, SETTINGS_TOL, spend if steps is None else None, zero1_first(result.hw))
     return replace(result, objective=objective, ranked=ranked, spend_hours=spend, size_cap=size_cap)
 
 
@@ -721,7 +746,7 @@ def explain(result: SearchResult) -> list[str]:
                        f"Muennighoff et al. 2023, R*_D = {R_STAR_D:.1f}).")
         else:
             out.append(f"The run sees {best.tokens / ds:.2f} of one epoch of the {fmt_count(ds)}-token dataset.")
-    out.extend(_why_settings(result, best))
+    out.extend(why_settings(result, best))
     return [x for x in out if x]
 
 
@@ -794,7 +819,8 @@ def _siblings(result: SearchResult, best: Candidate) -> list[Candidate]:
     return [c for c in result.ranked if c.spec == best.spec and length_key(c, rh) == key]
 
 
-def _why_settings(result: SearchResult, best: Candidate) -> list[str]:
+def why_settings(result: SearchResult, best: Candidate) -> list[str]:
+    """Sentences: why this strategy, checkpointing and micro-batch among the model's fitting settings."""
     same = [c for c in result.ranked if c.spec == best.spec]
     sib = _siblings(result, best)
     out = []
@@ -804,14 +830,17 @@ def _why_settings(result: SearchResult, best: Candidate) -> list[str]:
     if fastest.step_seconds < best.step_seconds:
         out.append(f"Settings: the fastest, {fastest.settings_label} at micro-batch {fastest.device_batch}, would be "
                    f"{_pct(fastest.tokens_per_sec / best.tokens_per_sec - 1)} faster; settings within {tol} of the "
-                   "fastest are a tie the step-time model cannot resolve, won by the simplest (ddp, no "
-                   "checkpointing, the biggest micro-batch).")
+                   "fastest are a tie the step-time model cannot resolve, won by the simplest ("
+                   + ("zero1, then ddp" if zero1_first(result.hw) else "ddp")
+                   + ", no checkpointing, the biggest micro-batch).")
     # strategy
     if best.strategy == "ddp":
         if result.hw.num_gpus > 1:
             faster = any(c.strategy != "ddp" and c.step_seconds < best.step_seconds for c in sib)
             out.append("Strategy ddp: the model fits unsharded" + ("." if faster else
                        ", and zero1/zero2/fsdp are no faster here (ties go to the simpler setting)."))
+    elif best.strategy == "zero1" and (twin := _ddp_twin(sib, best)) is not None:
+        out.append(_why_zero1(result, best, twin))
     else:
         ddp = [c for c in sib if c.strategy == "ddp"]
         if ddp:
@@ -841,6 +870,36 @@ def _why_settings(result: SearchResult, best: Candidate) -> list[str]:
                    "and the model fits without it.")
     out.append(_why_micro_batch(result, best, sib))
     return out
+
+
+def _ddp_twin(sib: list[Candidate], c: Candidate) -> Candidate | None:
+    """ddp at c's micro-batch and checkpointing, if it fits."""
+    return next((x for x in sib if x.strategy == "ddp" and x.device_batch == c.device_batch
+                 and x.activation_checkpointing == c.activation_checkpointing), None)
+
+
+def _optimizer_bytes(result: SearchResult, c: Candidate, strategy: str) -> int:
+    s, hw = result.settings, result.hw
+    cfg = StepConfig(spec=c.spec, device_batch_size=c.device_batch, grad_accum_steps=c.grad_accum, dp=hw.num_gpus,
+                     precision=s.precision, optimizer=s.optimizer, strategy=strategy,  # type: ignore[arg-type]
+                     activation_checkpointing=c.activation_checkpointing, loss_chunk_tokens=s.loss_chunk_tokens)
+    return estimate(cfg).breakdown["optimizer_state"]
+
+
+def zero1_sentence(g: int, state_ddp: int, state_zero1: int, cost: float, mem_ddp: int, mem_zero1: int) -> str:
+    """Why zero1 is the default on several GPUs (search and fit share it)."""
+    speed = (f"its broadcast of the updated parameters makes the step {_pct(cost)} slower than ddp's"
+             if cost > 0 else f"its step is {_pct(-cost)} faster than ddp's (each GPU steps 1/{g} of the parameters)")
+    return (f"Strategy zero1: it shards the optimizer state over the {g} GPUs ({fmt_bytes(state_zero1)} per GPU "
+            f"instead of {fmt_bytes(state_ddp)}; peak {fmt_bytes(mem_zero1)} vs ddp's {fmt_bytes(mem_ddp)}), and "
+            f"{speed}, within the {SETTINGS_TOL:.0%} the step-time model cannot resolve, so on several GPUs it is "
+            "the default (--strategy ddp keeps a whole copy on every GPU).")
+
+
+def _why_zero1(result: SearchResult, best: Candidate, ddp: Candidate) -> str:
+    cost = best.step_seconds / ddp.step_seconds - 1
+    return zero1_sentence(result.hw.num_gpus, _optimizer_bytes(result, best, "ddp"),
+                          _optimizer_bytes(result, best, "zero1"), cost, ddp.mem_bytes, best.mem_bytes)
 
 
 def _step_of(result: SearchResult, c: Candidate) -> Throughput:
@@ -946,7 +1005,7 @@ def runners_up_table(result: SearchResult, top: int, width: int | None = None) -
 def settings_from(base: dict[str, Any]) -> Settings:
     return Settings(total_batch_tokens=base.get("total_batch_tokens", 524_288),
                     precision=base.get("precision", "bf16-autocast"), optimizer=base.get("optimizer", "adamw"),
-                    loss_chunk_tokens=base.get("loss_chunk_tokens", 4096), headroom=base.get("headroom", 0.05),
+                    loss_chunk_tokens=base.get("loss_chunk_tokens", DEFAULT_LOSS_CHUNK_TOKENS), headroom=base.get("headroom", 0.05),
                     mfu=base.get("mfu"), dataset_tokens=base.get("dataset_tokens"),
                     max_epochs=base.get("max_epochs") or FRESH_EPOCHS, compile=base.get("compile"))
 

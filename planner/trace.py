@@ -250,8 +250,9 @@ def _cuda_semantics(fused_op: bool = False) -> contextlib.AbstractContextManager
             return orig(up(x) if autocast_on() else x, *args, **kwargs)
         return wrapped
 
-    # (owner, attribute) -> replacement. pow/square: CUDA autocast's fp32 list (ReLU² in nanochat).
-    patches: dict[tuple[Any, str], Any] = {(F, "rms_norm"): rms_norm}
+    # (owner, attribute) -> replacement. pow/square and layer_norm: CUDA autocast's fp32 list (ReLU² in
+    # nanochat; the CPU policy runs layer_norm on a bf16 residual in bf16).
+    patches: dict[tuple[Any, str], Any] = {(F, "rms_norm"): rms_norm, (F, "layer_norm"): fp32_under_autocast(F.layer_norm)}
     for owner, name in ((torch.Tensor, "square"), (torch.Tensor, "pow"), (torch.Tensor, "__pow__"),
                         (torch, "square"), (torch, "pow")):
         patches[(owner, name)] = fp32_under_autocast(getattr(owner, name))

@@ -4,6 +4,11 @@ Parameter count equals planner.counts.n_params(spec) for every valid spec (teste
 Attention is F.scaled_dot_product_attention(is_causal=True), so FlashAttention is used on
 CUDA. The loss can be computed in token chunks under activation checkpointing, so the fp32
 logits of the whole batch are never materialised at once (`loss_chunk_tokens`).
+
+Under bf16 autocast the residual stream is bf16, as in nanochat: the embedding's output is cast
+once, and every block adds bf16 branch outputs to a bf16 stream. Norms still run in fp32 (CUDA
+autocast), and the loss, the softmax and the optimizer's master weights stay fp32
+(docs/numerics.md). `bf16_residual=False` keeps the fp32 stream (the earlier behaviour).
 """
 
 from __future__ import annotations
@@ -119,11 +124,12 @@ def head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
 
 class GPT(nn.Module):
     def __init__(self, spec: ModelSpec, loss_chunk_tokens: int = 0,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, bf16_residual: bool = True) -> None:
         super().__init__()
         self.spec = spec
         self.loss_chunk_tokens = loss_chunk_tokens
         self.activation_checkpointing = activation_checkpointing
+        self.bf16_residual = bf16_residual
         self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
         self.wpe = nn.Embedding(spec.seq_len, spec.d_model) if spec.pos == "learned" else None
         self.blocks = nn.ModuleList(Block(spec) for _ in range(spec.n_layer))
@@ -159,6 +165,10 @@ class GPT(nn.Module):
         x = self.wte(idx)
         if self.wpe is not None:
             x = x + self.wpe(torch.arange(idx.size(1), device=idx.device))
+        dev = x.device.type
+        if (self.bf16_residual and x.dtype == torch.float32 and dev in ("cuda", "cpu") and torch.is_autocast_enabled(dev)
+                and torch.get_autocast_dtype(dev) == torch.bfloat16):
+            x = x.to(torch.bfloat16)           # the residual stream is bf16 under bf16 autocast
         rope = (self.rope_cos, self.rope_sin) if self.spec.pos == "rotary" else None
         for block in self.blocks:
             if self.activation_checkpointing and self.training:

@@ -103,6 +103,12 @@ def test_fake_trace_equals_real_cpu_run(spec, precision, chunk, ckpt, opt) -> No
         for fake in (True, False):
             mt = run_traced_steps(cfg, kernels=kernels, fake=fake)
             peaks.append(sum(_categories(next(iter(mt.get_tracker_snapshot("peak").values()))).values()))
+        if kernels == "cpu" and spec.norm == "layernorm" and precision == "bf16-autocast":
+            # CPU autocast runs layer_norm on the bf16 residual in bf16; torch's fake kernel gives its
+            # mean/rstd bf16 where the real CPU kernel makes them fp32: 2 bytes × 2 per row per norm
+            rows = cfg.device_batch_size * spec.seq_len
+            assert 0 < peaks[1] - peaks[0] <= 2 * 2 * rows * (2 * spec.n_layer + 1), peaks
+            continue
         assert peaks[0] == peaks[1] > 0
 
 

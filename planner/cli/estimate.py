@@ -22,6 +22,7 @@ from planner.cli.common import (
 from planner.counts import n_params
 from planner.errors import PlanError
 from planner.fit import fit_model
+from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.plan import Plan, save_plan
 from planner.report import print_plan, verdict
 from planner.scaling import TOKENS_PER_PARAM as CHINCHILLA_TOKENS_PER_PARAM
@@ -84,7 +85,7 @@ def estimate(
                                             help="bf16-autocast | bf16 | fp32 (CPU: fp32)")] = None,
     optimizer: Annotated[str, Opt(metavar="NAME", rich_help_panel=BATCH, help="adamw | muon")] = "adamw",
     loss_chunk_tokens: Annotated[int, Opt(metavar="N", rich_help_panel=BATCH,
-                                          help="Tokens per chunk of the loss (0: whole batch)")] = 4096,
+                                          help="Tokens per chunk of the loss (0: whole batch)")] = DEFAULT_LOSS_CHUNK_TOKENS,
     compile: Annotated[bool, Opt("--compile", metavar=FLAG, rich_help_panel=BATCH,
                                  help="torch.compile (default: on for GPUs, off for CPU; --no-compile: off)")] = False,
     no_compile: Annotated[bool, Opt("--no-compile", hidden=True)] = False,

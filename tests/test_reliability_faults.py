@@ -95,8 +95,12 @@ def worker_by_rank(torchrun_pid: int) -> dict[int, int]:
     """{rank: pid} of torchrun's workers, from their environment."""
     out = {}
     for pid in child_pids(torchrun_pid):
-        env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
-        out[int(env["RANK"])] = pid
+        try:
+            env = dict(kv.split("=", 1) for kv in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in kv)
+        except OSError:          # exited meanwhile
+            continue
+        if "RANK" in env:        # a child caught between fork and exec has torchrun's environment, not a rank yet
+            out[int(env["RANK"])] = pid
     return out
 
 

@@ -3,13 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
 from typing import Annotated, List
 
 import typer
 from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 from planner.cli import app
 from planner.cli.common import examples
@@ -41,20 +38,25 @@ def validate(
 
 
 def _print(checks: list, trace: bool) -> None:
-    t = Table(title="nanoplan validate (bytes per GPU: analytic/traced allocated peak; total adds the "
-                    "profile's overheads)", title_justify="left")
-    for col in ("plan", "model", "GPUs", "analytic", *(("traced", "Δ") if trace else ()),
-                "total", "capacity", "fits", "consistent"):
-        left = col in ("plan", "model", "GPUs")
-        t.add_column(col, justify="left" if left else "right", no_wrap=not left or col == "model")
+    from planner.tables import Col, fit_table, hidden, print_table  # noqa: PLC0415
+
+    cols = [Col("plan", 0, "left"), Col("model", 1, "left"), Col("GPUs", 3, "left"), Col("analytic", 2),
+            *((Col("traced", 0), Col("Δ", 0)) if trace else ()), Col("total", 0), Col("capacity", 1),
+            Col("fits", 0), Col("consistent", 0)]
+    rows = []
     for c in checks:
         traced: tuple[str, ...] = ()
         if trace:
             traced = (fmt_bytes(c.traced_peak_bytes or 0), f"{c.trace_error:+.2%}" if c.trace_error is not None else "-")
-        t.add_row(c.path, c.name, c.gpu, fmt_bytes(c.analytic_peak_bytes), *traced, fmt_bytes(c.per_gpu_bytes),
-                  fmt_bytes(c.capacity_bytes), _yes(c.fits), _yes(c.consistent))
-    console = Console(width=None if sys.stdout.isatty() else 160)   # CI logs are wide
-    console.print(t)
+        rows.append([c.path, c.name, c.gpu, fmt_bytes(c.analytic_peak_bytes), *traced, fmt_bytes(c.per_gpu_bytes),
+                     fmt_bytes(c.capacity_bytes), _yes(c.fits), _yes(c.consistent)])
+    console = Console()     # the terminal's width, or $COLUMNS (80 when neither is known)
+    t = fit_table(cols, rows, console.width, title="nanoplan validate: bytes per GPU (allocated peak; total adds "
+                  "the profile's overheads)")
+    gone = hidden(cols, t)
+    print_table(console, t)
+    if gone:
+        console.print(f"Hidden at this width: {', '.join(gone)} (--json shows all).", style="dim", highlight=False)
     for c in checks:
         for p in c.problems:
             console.print(f"[red]{c.path}[/red]: {p}", highlight=False)
@@ -65,5 +67,5 @@ def _print(checks: list, trace: bool) -> None:
                   f"[red]{bad} of {len(checks)} plan(s) failed[/red]")
 
 
-def _yes(ok: bool) -> Text:
-    return Text("yes", style="green") if ok else Text("no", style="bold red")
+def _yes(ok: bool) -> str:
+    return "[green]yes[/green]" if ok else "[bold red]no[/bold red]"

@@ -8,8 +8,13 @@ The clock is injectable so that tests can simulate long runs quickly:
 - ``NANOPLAN_CKPT_DELAY_S=2`` sleeps 2 real seconds inside every checkpoint write (after
   the data files, before meta.json), to simulate a slow disk.
 
-The clock also keeps its wall-clock start, so that a launch restarted by torchrun after a
-crash counts the time from the crashed launch's start to its own (restart_carried_s).
+The clock starts when the launch started, not when this worker did: `nanoplan run` passes its
+own process start (NANOPLAN_LAUNCH_T0, seconds on CLOCK_BOOTTIME), else the torchrun agent's
+process start is used. So a launch's start-up (imports, preflight, torchrun, rendezvous) is
+counted, and a worker restarted by torchrun after a crash counts everything since the launch
+began (the crashed attempt, the crash and the restart included). Durations only ever come from
+monotonic clocks (CLOCK_MONOTONIC, CLOCK_BOOTTIME): stepping the wall clock (an NTP jump)
+changes nothing that is charged. The wall-clock start is kept for information only.
 
 No torch here: the guard is plain arithmetic and is unit-tested on its own.
 """
@@ -26,6 +31,7 @@ from typing import Any
 ENV_TIME_SCALE = "NANOPLAN_TIME_SCALE"
 ENV_CKPT_DELAY = "NANOPLAN_CKPT_DELAY_S"
 ENV_LAUNCH_ID = "NANOPLAN_LAUNCH_ID"    # set by `nanoplan run`: one id per launch, the same across torchrun restarts
+ENV_LAUNCH_T0 = "NANOPLAN_LAUNCH_T0"    # set by `nanoplan run`: its process start, CLOCK_BOOTTIME seconds
 
 CKPT_SAFETY = 1.5          # reserve 1.5x the slowest measured checkpoint write (+ eval)
 CKPT_FALLBACK_BYTES_S = 50e6  # before any write is measured: assume 50 MB/s ...
@@ -45,22 +51,67 @@ def _env_float(name: str, default: float) -> float:
     return v
 
 
+def boottime() -> float:
+    """Seconds since boot on a clock that never steps (CLOCK_BOOTTIME; CLOCK_MONOTONIC elsewhere)."""
+    clk = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clk) if clk is not None else time.monotonic()
+
+
+def process_start_boottime(pid: int | str = "self") -> float | None:
+    """When process `pid` started, in boottime() seconds (Linux /proc), else None."""
+    try:
+        stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()  # noqa: SIM115
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])       # field 22: starttime, clock ticks since boot
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def launch_age_s(env: dict[str, str] | None = None) -> float:
+    """Real seconds since this launch began: since `nanoplan run` started (NANOPLAN_LAUNCH_T0), else
+    since the torchrun agent that started this worker did, else 0 (a plain process)."""
+    env = dict(os.environ) if env is None else env
+    t0: float | None = None
+    raw = env.get(ENV_LAUNCH_T0, "")
+    if raw:
+        try:
+            t0 = float(raw)
+        except ValueError:
+            t0 = None
+    if t0 is None and env.get("TORCHELASTIC_RUN_ID"):
+        t0 = process_start_boottime(os.getppid())
+    if t0 is None or not math.isfinite(t0):
+        return 0.0
+    return max(0.0, boottime() - t0)
+
+
 class Clock:
-    """Real and budget seconds since the clock started (budget = real × scale)."""
+    """Real and budget seconds since the launch started (budget = real × scale), on a monotonic clock.
+
+    `age_s` is how long ago the launch began (launch_age_s()); the clock counts from there.
+    """
 
     def __init__(self, scale: float = 1.0, time_fn: Callable[[], float] = time.monotonic,
-                 ckpt_delay_s: float = 0.0, wall_fn: Callable[[], float] = time.time) -> None:
+                 ckpt_delay_s: float = 0.0, wall_fn: Callable[[], float] = time.time, age_s: float = 0.0) -> None:
         if scale <= 0:
             raise ValueError(f"time scale must be > 0, got {scale}")
         self.scale = scale
         self.ckpt_delay_s = ckpt_delay_s
         self._time = time_fn
-        self._start = time_fn()
-        self.start_unix = wall_fn()      # wall-clock origin, to measure the downtime between launches
+        self._start = time_fn() - max(0.0, age_s)
+        self.start_unix = wall_fn() - max(0.0, age_s)   # for information (run_info.json); never for durations
 
     @classmethod
     def from_env(cls) -> Clock:
-        return cls(scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0, ckpt_delay_s=_env_float(ENV_CKPT_DELAY, 0.0))
+        return cls(scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0, ckpt_delay_s=_env_float(ENV_CKPT_DELAY, 0.0),
+                   age_s=launch_age_s())
+
+    def start_earlier(self, age_s: float) -> None:
+        """Move the start back so that the launch is `age_s` real seconds old now (never forward).
+
+        Multi-node: every rank reports its launch's age and the oldest wins, so the time the
+        first node waited in the rendezvous for the others is counted."""
+        self._start = min(self._start, self._time() - age_s)
 
     def real(self) -> float:
         """Real seconds since start (for tokens/s and MFU)."""
@@ -158,26 +209,25 @@ def deadline_seconds(hours: float | None, budget_usd: float | None, usd_per_hour
     return min(limits) if limits else None
 
 
-def restart_carried_s(segments: list[dict[str, Any]], job: str | None, restart_count: int, start_unix: float,
-                      scale: float) -> float | None:
-    """Budget seconds spent before this launch's clock started, when it is a torchrun restart.
+def restart_carried_s(segments: list[dict[str, Any]], job: str | None, restart_count: int) -> float | None:
+    """Budget seconds carried into this launch when this worker is a torchrun restart of it.
 
-    A restart (--max-restarts after a crash) follows a launch of the same job whose machines
-    were paid for until the crash and through the restart, although its last checkpoint (and
-    its last metrics line) are older. The last segment recorded in run_info.json names its job
-    (NANOPLAN_LAUNCH_ID, else TORCHELASTIC_RUN_ID), its clock's wall-clock start and the time
-    it carried; if it is an earlier attempt of this job, everything from its start to this
-    clock's start counts: its carried time + the wall-clock gap × the time scale. None for a
-    first launch, a new job, or a segment recorded without these fields.
+    The clock of a restarted worker already counts from the launch's start (the crashed
+    attempt, the crash and the restart included), so what is carried is what the launch itself
+    carried in: the carried time of the last segment recorded in run_info.json when that is an
+    earlier attempt of the same job (NANOPLAN_LAUNCH_ID, else TORCHELASTIC_RUN_ID). None for a
+    first launch, a new job, or a segment without these fields. No wall clock is involved.
     """
     if restart_count <= 0 or not job or not segments:
         return None
     prev = segments[-1]
+    if not isinstance(prev, dict):
+        return None
     try:
         same_job = prev.get("job") == job and int(prev.get("restart_count", 0)) < restart_count
-        carried, start = float(prev["carried_hours"]) * 3600.0, float(prev["clock_start_unix"])
+        carried = float(prev["carried_hours"]) * 3600.0
     except (KeyError, TypeError, ValueError):
         return None
-    if not same_job or not (math.isfinite(carried) and math.isfinite(start)):
+    if not same_job or not math.isfinite(carried) or carried < 0:
         return None
-    return carried + max(0.0, start_unix - start) * scale
+    return carried

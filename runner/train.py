@@ -741,6 +741,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+class HangupSafe:
+    """A text stream that drops output once writing to it fails (a closed terminal gives EIO), so that
+    a worker whose terminal went away (SIGHUP of `nanoplan run`) still finishes its step and checkpoint."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return int(self._inner.write(text))
+            except (OSError, ValueError):
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._inner.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def isatty(self) -> bool:
+        try:
+            return not self.broken and bool(self._inner.isatty())
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     clock = Clock.from_env()
@@ -768,4 +801,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    sys.stdout, sys.stderr = HangupSafe(sys.stdout), HangupSafe(sys.stderr)   # type: ignore[assignment]
     sys.exit(main())

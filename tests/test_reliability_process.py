@@ -7,12 +7,17 @@ docs/reliability.md for the table these rows belong to.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import pty
+import select
 import signal
 import socket
 import subprocess
 import sys
+import termios
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +41,39 @@ def start(plan: Path, run: Path, *extra: str, env: dict[str, str] | None = None)
                             text=True, start_new_session=True)
 
 
+class Terminal:
+    """`nanoplan run` on a pseudo-terminal that is its controlling terminal, as in an interactive shell.
+    close() hangs the terminal up (an ssh session dropped, a terminal window closed): the kernel sends
+    SIGHUP to the launcher, and every later write to the terminal, the workers' included, fails (EIO)."""
+
+    def __init__(self, args: list[str]) -> None:
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(args, cwd=REPO, env=runner_env(), stdin=slave, stdout=slave, stderr=slave,
+                                     start_new_session=True,
+                                     preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # noqa: PLW1509
+        os.close(slave)
+        self.out = bytearray()
+        self.stop = threading.Event()
+        self.reader = threading.Thread(target=self._drain, daemon=True)
+        self.reader.start()
+
+    def _drain(self) -> None:
+        while not self.stop.is_set():
+            if select.select([self.master], [], [], 0.05)[0]:
+                try:
+                    data = os.read(self.master, 1 << 16)
+                except OSError:
+                    return
+                if not data:
+                    return
+                self.out += data
+
+    def close(self) -> None:
+        self.stop.set()
+        self.reader.join(timeout=10)
+        os.close(self.master)      # the last reference to the master: the terminal hangs up
+
+
 def error_lines(err: str) -> list[str]:
     assert "Traceback" not in err and "ChildFailedError" not in err, err[-3000:]
     return [x for x in err.splitlines() if x.startswith("error:")]
@@ -55,12 +93,14 @@ def gone(pids: list[int]) -> bool:
 def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_the_run(tmp_path: Path,
                                                                                         tiny_plan) -> None:
     """While a run trains, a second `nanoplan run` on its run dir is refused (exit 2, naming the PID and
-    host). SIGHUP of the launcher (a closed terminal) stops the run like SIGTERM: checkpoint, exit 0,
-    no process left. The relaunch resumes; kill -9 of its launcher alone still makes the workers
-    checkpoint and exit (torchrun dies with its launcher), and the locks are free again."""
+    host). Closing the run's terminal (SIGHUP to the launcher, EIO for every write to it) stops the run
+    like SIGTERM: checkpoint, exit 0, no process left. The relaunch resumes; kill -9 of its launcher
+    alone still makes the workers checkpoint and exit (torchrun dies with its launcher), and the
+    locks are free again."""
     plan = tiny_plan(steps=100_000)
     run = tmp_path / "run"
-    a = start(plan, run)
+    term = Terminal([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)])
+    a = term.proc
     try:
         wait_for(lambda: len(read_metrics(run)) >= 3, timeout=90, what="3 steps")
         b = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
@@ -72,12 +112,12 @@ def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_t
         assert f"kill -TERM {a.pid} on {socket.gethostname()}" in b.stderr
         pids = process_tree(a.pid)
         assert len(pids) == 4
-        os.kill(a.pid, signal.SIGHUP)
-        out, err = a.communicate(timeout=60)
+        term.close()
+        a.wait(timeout=60)
         wait_for(lambda: gone(pids), timeout=30, what="every process to exit")
     finally:
         kill_tree(a)
-    assert a.returncode == 0, err[-3000:]
+    assert a.returncode == 0, term.out.decode(errors="replace")[-3000:]
     stop = json.loads((run / "stop.json").read_text())
     assert stop["reason"] == "signal" and stop["signals"] and stop["step"] == read_metrics(run)[-1]["step"]
     assert ck.verify(ck.step_dir(run, stop["step"])) == (True, "ok")
@@ -187,7 +227,7 @@ def test_start_up_killed_launches_and_wall_clock_steps_are_counted_right(tmp_pat
     t1 = time.monotonic()
     l1 = start(plan, run)
     try:
-        wait_for(lambda: (run / "launches.json").exists(), timeout=60, what="launch 1's record")
+        wait_for(lambda: len(process_tree(l1.pid)) >= 2, timeout=60, what="launch 1's torchrun")
         time.sleep(1.5)
         assert not read_metrics(run), "launch 1 got further than its start-up; the test needs it killed earlier"
         kill_tree(l1)

@@ -330,7 +330,7 @@ class Launch:
         import socket
 
         carried = spent_before_s(self.run_dir, self.plan_hash)
-        self.record = {"id": self.id, "plan_hash": self.plan_hash, "host": socket.gethostname(),
+        self.record = {"id": self.id, "plan_hash": self.plan_hash, "host": socket.gethostname(), "pid": os.getpid(),
                        "carried_s": carried, "spent_s": self.spent_s(), "state": "running"}
         try:
             write_record(self.run_dir, self.record)

@@ -57,10 +57,23 @@ def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
     return recs
 
 
-def ledger_total_s(records: list[dict[str, Any]], plan_hash: str, skip_id: str | None = None) -> float:
-    """The most budget seconds any record of this plan says the run had used by its end."""
+def ledger_total_s(records: list[dict[str, Any]], plan_hash: str, skip: set[str | None] | None = None) -> float:
+    """The most budget seconds any record of this plan (but those in `skip`) says the run had used by its end."""
     return max((float(r["carried_s"]) + float(r["spent_s"]) for r in records
-                if r["plan_hash"] == plan_hash and r["id"] != skip_id), default=0.0)
+                if r["plan_hash"] == plan_hash and r["id"] not in (skip or set())), default=0.0)
+
+
+def live_record(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record of the launch that is running now: node rank 0's `nanoplan run`, which holds the
+    run dir's launch lock. On a multi-node run, global rank 0 may live on another node (c10d orders
+    the nodes by arrival), whose own launch id has no record: this one is the same launch."""
+    from runner.runlock import LAUNCH_LOCK, probe
+
+    holder = probe(Path(run_dir), LAUNCH_LOCK)
+    if not holder:
+        return None
+    return next((r for r in reversed(records) if r.get("pid") == holder.get("pid")
+                 and r.get("host") == holder.get("host") and r["state"] == "running"), None)
 
 
 def spent_before_s(run_dir: Path, plan_hash: str) -> float:

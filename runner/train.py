@@ -202,8 +202,9 @@ def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float]:
     """
     job = os.environ.get(ENV_LAUNCH_ID)
     recs = ledger.read_ledger(run_dir)
-    own = next((r for r in recs if job and r["id"] == job), None)
-    total_h = ledger.ledger_total_s(recs, phash, skip_id=job) / 3600.0
+    live = ledger.live_record(run_dir, recs)      # this launch, recorded by node rank 0's launcher
+    own = next((r for r in recs if job and r["id"] == job), None) or live
+    total_h = ledger.ledger_total_s(recs, phash, skip={job, live["id"] if live else None}) / 3600.0
     if own is not None:
         return float(own["carried_s"]) / 3600.0, total_h
     segs = (read_json(run_dir / RUN_INFO) or {}).get("segments") or []

@@ -321,3 +321,32 @@ def test_preflight_counts_the_checkpoint_written_before_retention_frees_one(tmp_
     assert len(pf.problems) == 1 and "(keep_last + the best + the one being written)" in pf.problems[0], pf.problems
     disk((s.keep_last + 2) * s.checkpoint_bytes)
     assert run_preflight(plan, "plan.json", tmp_path / "run", None, False).ok
+
+
+def test_a_multi_node_rendezvous_wait_is_counted(tmp_path: Path, tiny_plan) -> None:
+    """Two "nodes" on loopback; node 1 starts 3 s before node 0 (whose rank 0 keeps the clock) and
+    waits for it in the rendezvous. That wait was paid for: rank 0's first metrics line counts the
+    time since node 1's launcher started."""
+    from tests.test_multinode import free_port
+
+    plan = tiny_plan(steps=3, gpu="2x1xCPU")
+    run = tmp_path / "run"
+    port = free_port()
+    common = ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "0"]
+    t1 = time.monotonic()
+    n1 = start(plan, run, *common, "--node-rank", "1")
+    n0 = None
+    try:
+        time.sleep(3.0)
+        n0 = start(plan, run, *common, "--node-rank", "0")
+        wait_for(lambda: read_metrics(run), timeout=120, what="the first step")
+        seen = time.monotonic() - t1
+        outs = [p.communicate(timeout=120) for p in (n0, n1)]
+    finally:
+        for p in (n0, n1):
+            if p is not None:
+                kill_tree(p)
+    for p, (_out, err) in zip((n0, n1), outs, strict=True):
+        assert p.returncode == 0, err[-3000:]
+    first = read_metrics(run)[0]["elapsed_hours"] * 3600
+    assert seen - 2.0 <= first <= seen, (first, seen)

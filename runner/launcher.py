@@ -139,8 +139,9 @@ def _say(text: str) -> None:
 class StopRequests:
     """Catches SIGTERM/SIGINT/SIGHUP from the moment `nanoplan run` starts, before torchrun exists.
 
-    Before the launch a signal only records itself (the launch is then not started); once
-    torchrun runs, `run_torchrun` takes the handler over.
+    Before the launch a signal interrupts whatever runs (the preflight, a --probe): KeyboardInterrupt,
+    which the CLI turns into "error: interrupted" and exit 130; nothing is started. Once torchrun
+    runs, `run_torchrun` takes the handler over.
     """
 
     def __init__(self) -> None:
@@ -151,8 +152,9 @@ class StopRequests:
     def _handle(self, signum: int, frame: Any) -> None:
         name = signal.Signals(signum).name
         self.names.append(name)
-        if self.on_signal is not None:
-            self.on_signal(name)
+        if self.on_signal is None:
+            raise KeyboardInterrupt(name)
+        self.on_signal(name)
 
     def restore(self) -> None:
         for s, h in self._old.items():
@@ -209,6 +211,7 @@ def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, stop
     if stops.names:
         _say(f"nanoplan run: got {stops.names[0]} before the launch; nothing was started")
         return EXIT_INTERRUPTED
+    stops.on_signal = lambda name: None       # recorded in stops.names while torchrun is being spawned
     proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds,
                             preexec_fn=_die_with_parent(os.getpid()))  # noqa: PLW1509 - only prctl, no locks
     state: dict[str, Any] = {"signalled": 0, "sent": set(), "interrupted": False}
@@ -244,6 +247,8 @@ def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, stop
         _say(f"nanoplan run: already stopping, waiting for the checkpoint (kill -9 {proc.pid} to abort)")
 
     stops.on_signal = on_signal
+    if stops.names:
+        on_signal(stops.names[-1])            # one that came while torchrun was being spawned
     while True:
         try:
             rc = proc.wait(timeout=HEARTBEAT_S)

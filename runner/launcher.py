@@ -322,9 +322,10 @@ class Launch:
                                 f"on {e2.host})")
 
     def spent_s(self) -> float:
+        """Real seconds since the launcher started (counted 1:1, as a first attempt's start-up is)."""
         from runner.clock import boottime
 
-        return max(0.0, boottime() - self.t0) * self.scale
+        return max(0.0, boottime() - self.t0)
 
     def start(self) -> None:
         """Persist this launch (node rank 0) before torchrun is spawned; LaunchWriteError if that fails."""

@@ -148,7 +148,7 @@ def peak_checkpoint_bytes(plan: Plan) -> int:
     checkpoints + 2 rather than checkpoints.
     """
     s = plan.schedule
-    return min(s.num_checkpoints + 2, s.keep_last + 2) * s.checkpoint_bytes
+    return max(s.storage_bytes, min(s.num_checkpoints + 2, s.keep_last + 2) * s.checkpoint_bytes)
 
 
 def _checkpoint_bytes_on_disk(run_dir: Path) -> int:

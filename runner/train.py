@@ -35,7 +35,14 @@ from planner.errors import PlanError
 from planner.plan import Plan, load_plan
 from runner import checkpoint as ck
 from runner import ledger
-from runner.clock import ENV_LAUNCH_ID, BudgetGuard, Clock, deadline_seconds, restart_carried_s
+from runner.clock import (
+    ENV_LAUNCH_ID,
+    BudgetGuard,
+    Clock,
+    deadline_seconds,
+    launch_first_segment,
+    restart_carried_s,
+)
 from runner.data import TrainBatches, ValBatches, load_data
 from runner.display import Display, stop_summary
 from runner.launcher import ENV_STOP_FILE, io_problem
@@ -193,8 +200,9 @@ def launch_job() -> str | None:
     return os.environ.get(ENV_LAUNCH_ID) or os.environ.get("TORCHELASTIC_RUN_ID") or None
 
 
-def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float]:
-    """(hours this launch carried in, if known; hours the run dir's launch records add up to).
+def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float, float]:
+    """(hours this launch carried in, if known; hours the run dir's launch records add up to;
+    real seconds of the launch's start-up that its first attempt counted 1:1).
 
     A launch of `nanoplan run` has its record in launches.json (runner/ledger.py). A torchrun
     restart without one carries what its launch's first attempt did (run_info.json segments).
@@ -205,11 +213,18 @@ def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float]:
     live = ledger.live_record(run_dir, recs)      # this launch, recorded by node rank 0's launcher
     own = next((r for r in recs if job and r["id"] == job), None) or live
     total_h = ledger.ledger_total_s(recs, phash, skip={job, live["id"] if live else None}) / 3600.0
-    if own is not None:
-        return float(own["carried_s"]) / 3600.0, total_h
     segs = (read_json(run_dir / RUN_INFO) or {}).get("segments") or []
-    s = restart_carried_s(segs if isinstance(segs, list) else [], launch_job(), ck._restart_count())
-    return (None if s is None else s / 3600.0), total_h
+    segs = segs if isinstance(segs, list) else []
+    s = restart_carried_s(segs, launch_job(), ck._restart_count())
+    first = launch_first_segment(segs, launch_job(), ck._restart_count())
+    try:
+        first_age = max(0.0, float((first or {}).get("launch_age_s") or 0.0))
+    except (TypeError, ValueError):
+        first_age = 0.0
+    first_age = first_age if math.isfinite(first_age) else 0.0
+    if own is not None:
+        return float(own["carried_s"]) / 3600.0, total_h, first_age
+    return (None if s is None else s / 3600.0), total_h, first_age
 
 
 def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: bool,
@@ -225,8 +240,13 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
     try:
         steps = ck.list_steps(run_dir)
         restarted = ck._restart_count() > 0
-        launch_h, ledger_h = _launch_carry_h(run_dir, phash)
-        restart_h = launch_h if restarted and launch_h is not None else max(launch_h or 0.0, ledger_h)
+        launch_h, ledger_h, first_age = _launch_carry_h(run_dir, phash)
+        if restarted and launch_h is not None:   # + everything since the launch began: the clock restarts at 0
+            # the first attempt's start-up counted 1:1, the rest of the launch × the scale (a test hook)
+            age = clock.launch_age
+            restart_h = (launch_h * 3600.0 + min(first_age, age) + max(0.0, age - first_age) * clock.scale) / 3600.0
+        else:
+            restart_h = max(launch_h or 0.0, ledger_h)
         if not ck.complete_steps(run_dir):     # nothing, or only writes killed before meta.json
             if resume and not restarted:
                 raise PlanError("--resume", f"{run_dir} has no checkpoint to resume from", "drop --resume to start a new run")
@@ -431,7 +451,8 @@ class Trainer:
                     "start_time": now, "data_dir": str(data_dir),
                 }, {"start_time": now, "resumed_from_step": decision["step"], "world_size": d.world_size,
                     "restart_count": ck._restart_count(), "device": self.device_name, "job": launch_job(),
-                    "clock_start_unix": self.clock.start_unix, "carried_hours": carried_h})
+                    "clock_start_unix": self.clock.start_unix, "carried_hours": carried_h,
+                    "launch_age_s": self.clock.age})
             except OSError as e:
                 seg = io_problem(self.run_dir / RUN_INFO, e)
         seg = _bcast(seg, d)
@@ -559,7 +580,7 @@ class Trainer:
         reason: str | None = None
         if step >= self.total_steps:
             reason = "total_steps"
-        elif step >= self.sched.total or self.guard.should_stop(0.0):
+        elif step >= self.sched.total or self.guard.should_stop(self.clock.budget()):
             reason = "deadline"
         if reason:
             self.log(f"nothing to do: {reason} already reached at step {step}")

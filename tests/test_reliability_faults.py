@@ -362,6 +362,7 @@ def test_dollar_budget_holds_across_a_crash_with_slow_writes(tmp_path: Path, tin
         victim = worker_by_rank(proc.pid)[0]
         wait_for(lambda: not Path(f"/proc/{victim}").exists() or "Z" in Path(f"/proc/{victim}/stat").read_text()
                  .rsplit(")", 1)[1].split()[:1], timeout=90, what="the crash")
+        crashed_at = time.time()
         out, err = proc.communicate(timeout=150)
     finally:
         kill_tree(proc)
@@ -371,14 +372,14 @@ def test_dollar_budget_holds_across_a_crash_with_slow_writes(tmp_path: Path, tin
     rows = read_metrics(run)
     first, second = [x for x in rows if x["segment"] == 0], [x for x in rows if x["segment"] == 1]
     assert first[-1]["step"] == CRASH_STEP - 1 and second[0]["step"] == segs[1]["resumed_from_step"] + 1 < CRASH_STEP
-    # the resumed launch starts from the time the crashed one had spent, not from its checkpoint's: its
-    # clock counts from the launch's start (torchrun's agent here), so the work after that checkpoint,
-    # the crash, torchrun's restart and the new processes' start-up are all paid for
-    assert segs[1]["carried_hours"] == segs[0]["carried_hours"] == 0.0
-    counted_s = (second[0]["elapsed_hours"] - first[-1]["elapsed_hours"]) * 3600
-    assert counted_s >= SCALE * 0.5, counted_s                   # a restart takes real time, and it is paid for
+    # the resumed launch starts from the time the crashed one had spent, not from its checkpoint's: the
+    # work after that checkpoint, the crash, torchrun's restart and the new processes' start-up
+    restart_s = segs[1]["clock_start_unix"] - crashed_at
+    assert restart_s > 0.5, restart_s                                     # a restart takes real time ...
+    counted_s = (segs[1]["carried_hours"] - first[-1]["elapsed_hours"]) * 3600
+    assert counted_s >= SCALE * (restart_s - 0.1), (counted_s, restart_s)  # ... and it is paid for
     ckpt_h = ck.read_meta(ck.step_dir(run, segs[1]["resumed_from_step"]))["elapsed_hours"]
-    assert second[0]["elapsed_hours"] > first[-1]["elapsed_hours"] > ckpt_h
+    assert second[0]["elapsed_hours"] > segs[1]["carried_hours"] > first[-1]["elapsed_hours"] > ckpt_h
     stop = json.loads((run / "stop.json").read_text())
     final = ck.read_meta(ck.step_dir(run, stop["step"]))
     assert stop["reason"] == "deadline" and stop["step"] == rows[-1]["step"] < stop["total_steps"]

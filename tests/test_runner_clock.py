@@ -102,8 +102,8 @@ def test_guard_counts_the_periodic_checkpoint_due_now() -> None:
 
 
 def test_a_torchrun_restart_carries_what_its_launch_carried_in() -> None:
-    """The restarted worker's clock counts from the launch's start, so only the launch's own carry is
-    carried; no wall-clock difference is involved (an NTP step cannot charge anything)."""
+    """A restart carries its launch's carry (runner.train adds the launch's age on CLOCK_BOOTTIME);
+    no wall-clock difference is involved (an NTP step cannot charge anything)."""
     seg0 = {"job": "j1", "restart_count": 0, "carried_hours": 0.5, "clock_start_unix": 1000.0}
     assert restart_carried_s([seg0], "j1", 1) == 1800.0
     assert restart_carried_s([seg0], "j1", 2) == 1800.0                  # attempt 1 died before it was recorded
@@ -113,6 +113,8 @@ def test_a_torchrun_restart_carries_what_its_launch_carried_in() -> None:
     assert restart_carried_s([{**seg0, "restart_count": 1}], "j1", 1) is None
     assert restart_carried_s([{"job": "j1", "restart_count": 0}], "j1", 1) is None   # an older record
     assert restart_carried_s([{**seg0, "carried_hours": float("nan")}], "j1", 1) is None
+    seg1 = {**seg0, "restart_count": 1, "carried_hours": 0.9}   # a second restart: the launch's carry, once
+    assert restart_carried_s([{"job": "j0", "restart_count": 0, "carried_hours": 0.1}, seg0, seg1], "j1", 2) == 1800.0
 
 
 def test_the_clock_starts_when_the_launch_started() -> None:
@@ -128,9 +130,11 @@ def test_the_clock_starts_when_the_launch_started() -> None:
     assert started is None or 0 <= now - started < 1e6
     ft = FakeTime()
     c = Clock(scale=2.0, time_fn=ft, age_s=3.0)
-    assert c.real() == 3.0 and c.budget() == 6.0
+    assert c.real() == 3.0 and c.budget() == 3.0          # the start-up counts 1:1, also under a time scale
+    ft.t += 1.0
+    assert c.real() == 4.0 and c.budget() == 5.0
     c.start_earlier(10.0)
-    assert c.real() == 10.0
+    assert c.real() == 10.0 and c.budget() == 11.0
     c.start_earlier(4.0)
     assert c.real() == 10.0
 

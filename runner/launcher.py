@@ -139,9 +139,9 @@ def _say(text: str) -> None:
 class StopRequests:
     """Catches SIGTERM/SIGINT/SIGHUP from the moment `nanoplan run` starts, before torchrun exists.
 
-    Before the launch a signal interrupts whatever runs (the preflight, a --probe): KeyboardInterrupt,
-    which the CLI turns into "error: interrupted" and exit 130; nothing is started. Once torchrun
-    runs, `run_torchrun` takes the handler over.
+    Before the launch a signal interrupts whatever runs (the preflight, a --probe) with one line,
+    "error: interrupted by SIGINT before the launch; nothing was started", and exit 130. Once
+    torchrun runs, `run_torchrun` takes the handler over.
     """
 
     def __init__(self) -> None:
@@ -153,7 +153,10 @@ class StopRequests:
         name = signal.Signals(signum).name
         self.names.append(name)
         if self.on_signal is None:
-            raise KeyboardInterrupt(name)
+            import typer
+
+            _say(f"error: interrupted by {name} before the launch; nothing was started")
+            raise typer.Exit(EXIT_INTERRUPTED)
         self.on_signal(name)
 
     def restore(self) -> None:

@@ -184,7 +184,7 @@ def test_ctrl_c_in_the_first_seconds_stops_the_run(tmp_path: Path, tiny_plan) ->
     finally:
         kill_tree(early)
     assert early.returncode == 130, err
-    assert error_lines(err) == ["error: interrupted"], err
+    assert error_lines(err) == ["error: interrupted by SIGINT before the launch; nothing was started"], err
     assert not (tmp_path / "early" / "metrics.jsonl").exists()
 
     run = tmp_path / "run"

@@ -208,6 +208,8 @@ def test_ctrl_c_in_the_first_seconds_stops_the_run(tmp_path: Path, tiny_plan) ->
 
 # ---------------------------------------------------------------- items 5 and 6: the budget clock
 
+TICK = 0.02      # a process's start time is known to the kernel's clock tick (10 ms)
+
 SITE = """
 import os, time
 _jump = float(os.environ.get("TEST_WALL_JUMP_S") or 0)
@@ -230,10 +232,10 @@ def test_start_up_killed_launches_and_wall_clock_steps_are_counted_right(tmp_pat
         wait_for(lambda: len(process_tree(l1.pid)) >= 2, timeout=60, what="launch 1's torchrun")
         time.sleep(1.5)
         assert not read_metrics(run), "launch 1 got further than its start-up; the test needs it killed earlier"
+        d1 = time.monotonic() - t1
         kill_tree(l1)
     finally:
         kill_tree(l1)
-    d1 = time.monotonic() - t1
 
     site = tmp_path / "site"
     site.mkdir()
@@ -255,10 +257,10 @@ def test_start_up_killed_launches_and_wall_clock_steps_are_counted_right(tmp_pat
     segs = segments(run)
     assert [s["restart_count"] for s in segs] == [0, 1]
     carried = segs[0]["carried_hours"] * 3600
-    assert d1 - 2.0 <= carried <= d1, (carried, d1)            # launch 1, killed in its start-up, counts
+    assert d1 - 2.0 <= carried <= d1 + TICK, (carried, d1)            # launch 1, killed in its start-up, counts
     rows = read_metrics(run)
     start_up = rows[0]["elapsed_hours"] * 3600 - carried       # launch 2's start-up and first step count
-    assert first_seen - 2.0 <= start_up <= first_seen, (start_up, first_seen)
+    assert first_seen - 2.0 <= start_up <= first_seen + TICK, (start_up, first_seen)
     restart_carried = segs[1]["carried_hours"] * 3600             # launch 1 + launch 2 up to the restart
     assert carried + first_seen - 2.0 <= restart_carried <= d1 + d2, (restart_carried, d1 + d2)   # not +1 h
     stop = json.loads((run / "stop.json").read_text())
@@ -350,4 +352,4 @@ def test_a_multi_node_rendezvous_wait_is_counted(tmp_path: Path, tiny_plan) -> N
     for p, (_out, err) in zip((n0, n1), outs, strict=True):
         assert p.returncode == 0, err[-3000:]
     first = read_metrics(run)[0]["elapsed_hours"] * 3600
-    assert seen - 2.0 <= first <= seen, (first, seen)
+    assert seen - 2.0 <= first <= seen + TICK, (first, seen)

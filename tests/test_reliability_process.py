@@ -136,7 +136,8 @@ def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_t
     stop2 = json.loads((run / "stop.json").read_text())
     assert stop2["reason"] == "signal" and stop2["segment"] == 1 and stop2["step"] > stop["step"]
     assert ck.verify(ck.step_dir(run, stop2["step"])) == (True, "ok")
-    assert runlock.probe(run, runlock.LAUNCH_LOCK) is None and runlock.probe(run, runlock.TRAIN_LOCK) is None
+    wait_for(lambda: runlock.probe(run, runlock.LAUNCH_LOCK) is None and runlock.probe(run, runlock.TRAIN_LOCK)
+             is None, timeout=30, what="the locks to be released by the kernel")
 
 
 def test_locks_name_their_holder_and_die_with_it(tmp_path: Path, tiny_plan) -> None:

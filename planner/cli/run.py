@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 import uuid
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -15,6 +15,9 @@ from planner.cli import app
 from planner.cli.common import examples
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
+
+if TYPE_CHECKING:
+    from runner.launcher import StopRequests
 
 Opt = typer.Option
 
@@ -43,7 +46,7 @@ def run(
     from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
 
     t0 = process_start_boottime() or boottime()     # the budget clock of this launch starts here
-    stops = None
+    stops: StopRequests | None = None
     if not dry_run:
         from runner.launcher import StopRequests  # noqa: PLC0415
 
@@ -58,7 +61,7 @@ def run(
 
 def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, resume: bool, force: bool,
          nnodes: int | None, node_rank: int, rdzv_endpoint: str | None, max_restarts: int, probe: bool,
-         t0: float, stops: object) -> None:
+         t0: float, stops: StopRequests | None) -> None:
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
@@ -132,8 +135,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         env = launch_env(plan)
         env[ENV_LAUNCH_ID] = launch_id
         env[ENV_LAUNCH_T0] = repr(t0)
-        rc = run_torchrun(cmd, env, rdir, stops=stops, heartbeat=launch.heartbeat,  # type: ignore[arg-type]
-                          pass_fds=launch.pass_fds())
+        rc = run_torchrun(cmd, env, rdir, stops=stops, heartbeat=launch.heartbeat, pass_fds=launch.pass_fds())
         launch.heartbeat("ended")
     finally:
         launch.release()

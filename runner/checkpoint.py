@@ -20,7 +20,9 @@ write of this process (NANOPLAN_FAULT_AT=N, default 1) on rank NANOPLAN_FAULT_RA
 NANOPLAN_FAULT=step:K exits after optimizer step K. NANOPLAN_FAULT=enospc|eio makes the
 torch.save of that rank's rng file in the N-th write raise OSError(ENOSPC|EIO) part-way (a full
 or failing disk): the write is abandoned on every rank, the partial step directory removed, and
-CheckpointWriteError raised. Faults fire only in the first launch (TORCHELASTIC_RESTART_COUNT
+CheckpointWriteError raised. NANOPLAN_FAULT=enospc:metrics makes the N-th metrics.jsonl line
+fail with ENOSPC, enospc:run_info the run_info.json write of the launch (a disk that fills up
+outside a checkpoint write). Faults fire only in the first launch (TORCHELASTIC_RESTART_COUNT
 unset or 0), so torchrun's restart can resume.
 
 torch is imported inside the functions that need it; listing, verifying and reading metas
@@ -53,6 +55,7 @@ ENV_FAULT_AT = "NANOPLAN_FAULT_AT"
 ENV_FAULT_RANK = "NANOPLAN_FAULT_RANK"
 FAULT_POINTS = ("after_model", "after_optim", "after_rng", "before_meta", "after_meta")
 IO_FAULTS = {"enospc": errno.ENOSPC, "eio": errno.EIO}
+FILE_FAULTS = ("metrics", "run_info")      # NANOPLAN_FAULT=enospc:metrics|enospc:run_info
 FAULT_EXIT = 137
 SHARDED_MODEL = "dcp/model/.metadata"   # zero2/fsdp checkpoints: DCP shards instead of model.pt (runner/dcp.py)
 _HASH_CHUNK = 1 << 22
@@ -164,6 +167,7 @@ class Faults:
     rank: int = 0
     crash_step: int | None = None
     io_errno: int | None = None
+    target: str = "checkpoint"          # what an io fault hits: a checkpoint, or one of FILE_FAULTS
 
     @classmethod
     def from_env(cls) -> Faults:
@@ -176,8 +180,13 @@ class Faults:
             return cls(crash_step=int(raw[5:]), rank=rank)
         if raw in IO_FAULTS:
             return cls(point=raw, at=at, rank=rank, io_errno=IO_FAULTS[raw])
+        kind, _, target = raw.partition(":")
+        if kind in IO_FAULTS and target in FILE_FAULTS:
+            return cls(point=raw, at=at, rank=0, io_errno=IO_FAULTS[kind], target=target)
         if raw not in FAULT_POINTS:
-            raise ValueError(f"{ENV_FAULT}={raw!r}: use one of {', '.join(FAULT_POINTS + tuple(IO_FAULTS))} or step:K")
+            files = ", ".join(f"enospc:{t}" for t in FILE_FAULTS)
+            raise ValueError(f"{ENV_FAULT}={raw!r}: use one of {', '.join(FAULT_POINTS + tuple(IO_FAULTS))}, "
+                             f"{files} or step:K")
         return cls(point=raw, at=at, rank=rank)
 
     def fire(self, point: str, rank: int, nth_write: int) -> None:
@@ -186,9 +195,19 @@ class Faults:
 
     def io_error(self, rank: int, nth_write: int) -> int | None:
         """The errno to inject into this rank's rng-file write, or None."""
-        if self.io_errno is not None and rank == self.rank and nth_write == self.at:
+        if self.io_errno is not None and self.target == "checkpoint" and rank == self.rank and nth_write == self.at:
             return self.io_errno
         return None
+
+    def file_fault(self, target: str) -> tuple[int, int] | None:
+        """(errno, n): fail the n-th write of `target` (metrics, run_info), or None."""
+        if self.io_errno is not None and self.target == target:
+            return self.io_errno, self.at
+        return None
+
+    def file_errno(self, target: str, nth: int) -> int | None:
+        f = self.file_fault(target)
+        return f[0] if f is not None and f[1] == nth else None
 
     def after_step(self, step: int, rank: int) -> None:
         if self.crash_step is not None and step == self.crash_step and rank == self.rank:

@@ -8,8 +8,14 @@ The clock is injectable so that tests can simulate long runs quickly:
 - ``NANOPLAN_CKPT_DELAY_S=2`` sleeps 2 real seconds inside every checkpoint write (after
   the data files, before meta.json), to simulate a slow disk.
 
-The clock also keeps its wall-clock start, so that a launch restarted by torchrun after a
-crash counts the time from the crashed launch's start to its own (restart_carried_s).
+The clock starts when the launch started, not when this worker did: `nanoplan run` passes its
+own process start (NANOPLAN_LAUNCH_T0, seconds on CLOCK_BOOTTIME), else the torchrun agent's
+process start is used. So a launch's start-up (imports, preflight, torchrun, rendezvous) is
+counted (1:1, also under NANOPLAN_TIME_SCALE), and a worker restarted by torchrun after a crash
+carries everything since the launch began (the crashed attempt, the crash and the restart; × the
+scale). Durations only ever come from
+monotonic clocks (CLOCK_MONOTONIC, CLOCK_BOOTTIME): stepping the wall clock (an NTP jump)
+changes nothing that is charged. The wall-clock start is kept for information only.
 
 No torch here: the guard is plain arithmetic and is unit-tested on its own.
 """
@@ -26,6 +32,7 @@ from typing import Any
 ENV_TIME_SCALE = "NANOPLAN_TIME_SCALE"
 ENV_CKPT_DELAY = "NANOPLAN_CKPT_DELAY_S"
 ENV_LAUNCH_ID = "NANOPLAN_LAUNCH_ID"    # set by `nanoplan run`: one id per launch, the same across torchrun restarts
+ENV_LAUNCH_T0 = "NANOPLAN_LAUNCH_T0"    # set by `nanoplan run`: its process start, CLOCK_BOOTTIME seconds
 
 CKPT_SAFETY = 1.5          # reserve 1.5x the slowest measured checkpoint write (+ eval)
 CKPT_FALLBACK_BYTES_S = 50e6  # before any write is measured: assume 50 MB/s ...
@@ -45,30 +52,93 @@ def _env_float(name: str, default: float) -> float:
     return v
 
 
+def boottime() -> float:
+    """Seconds since boot on a clock that never steps (CLOCK_BOOTTIME; CLOCK_MONOTONIC elsewhere)."""
+    clk = getattr(time, "CLOCK_BOOTTIME", None)
+    return time.clock_gettime(clk) if clk is not None else time.monotonic()
+
+
+def process_start_boottime(pid: int | str = "self") -> float | None:
+    """When process `pid` started, in boottime() seconds (Linux /proc), else None."""
+    try:
+        stat = open(f"/proc/{pid}/stat", encoding="ascii", errors="replace").read()  # noqa: SIM115
+        ticks = int(stat.rsplit(")", 1)[1].split()[19])       # field 22: starttime, clock ticks since boot
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def launch_age_s(env: dict[str, str] | None = None) -> float:
+    """Real seconds since this launch began: since `nanoplan run` started (NANOPLAN_LAUNCH_T0), else
+    since the torchrun agent that started this worker did, else 0 (a plain process)."""
+    env = dict(os.environ) if env is None else env
+    t0: float | None = None
+    raw = env.get(ENV_LAUNCH_T0, "")
+    if raw:
+        try:
+            t0 = float(raw)
+        except ValueError:
+            t0 = None
+    if t0 is None and env.get("TORCHELASTIC_RUN_ID"):
+        t0 = process_start_boottime(os.getppid())
+    if t0 is None or not math.isfinite(t0):
+        return 0.0
+    return max(0.0, boottime() - t0)
+
+
 class Clock:
-    """Real and budget seconds since the clock started (budget = real × scale)."""
+    """Real and budget seconds since the launch started, on a monotonic clock.
+
+    `age_s` is how long ago the launch began when this clock was made (launch_age_s()). It is
+    counted 1:1; only what the clock measures itself is multiplied by `scale` (a test hook:
+    without it, the start-up of a 2-process CPU run, times a large scale, would eat a test's
+    whole budget). With scale 1, budget == real.
+    """
 
     def __init__(self, scale: float = 1.0, time_fn: Callable[[], float] = time.monotonic,
-                 ckpt_delay_s: float = 0.0, wall_fn: Callable[[], float] = time.time) -> None:
+                 ckpt_delay_s: float = 0.0, wall_fn: Callable[[], float] = time.time, age_s: float = 0.0,
+                 launch_age_s: float | None = None) -> None:
         if scale <= 0:
             raise ValueError(f"time scale must be > 0, got {scale}")
         self.scale = scale
         self.ckpt_delay_s = ckpt_delay_s
         self._time = time_fn
         self._start = time_fn()
-        self.start_unix = wall_fn()      # wall-clock origin, to measure the downtime between launches
+        self._age = max(0.0, age_s)
+        self.launch_age = self._age if launch_age_s is None else launch_age_s   # the launch's age at _start
+        self.start_unix = wall_fn() - self._age   # for information (run_info.json); never for durations
 
     @classmethod
     def from_env(cls) -> Clock:
-        return cls(scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0, ckpt_delay_s=_env_float(ENV_CKPT_DELAY, 0.0))
+        """The worker's clock. A first attempt counts from the launch's start; a torchrun restart
+        counts from now, and carries the launch's age instead (runner.train, × scale)."""
+        age = launch_age_s()
+        try:
+            restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
+        except ValueError:
+            restarted = False
+        return cls(scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0, ckpt_delay_s=_env_float(ENV_CKPT_DELAY, 0.0),
+                   age_s=0.0 if restarted else age, launch_age_s=age)
+
+    def start_earlier(self, age_s: float) -> None:
+        """Count from `age_s` real seconds ago if that is earlier than the start (never later).
+
+        Multi-node: every rank reports its launch's age and the oldest wins, so the time the
+        first node waited in the rendezvous for the others is counted."""
+        self._age = max(self._age, age_s - (self._time() - self._start))
+
+    @property
+    def age(self) -> float:
+        """Real seconds before this clock was made that it counts (1:1): the launch's start-up."""
+        return self._age
 
     def real(self) -> float:
         """Real seconds since start (for tokens/s and MFU)."""
-        return self._time() - self._start
+        return self._age + self._time() - self._start
 
     def budget(self) -> float:
         """Budget seconds since start (for elapsed hours, dollars, cadence, deadline)."""
-        return self.real() * self.scale
+        return self._age + (self._time() - self._start) * self.scale
 
     def simulate_slow_write(self) -> None:
         if self.ckpt_delay_s > 0:
@@ -158,26 +228,40 @@ def deadline_seconds(hours: float | None, budget_usd: float | None, usd_per_hour
     return min(limits) if limits else None
 
 
-def restart_carried_s(segments: list[dict[str, Any]], job: str | None, restart_count: int, start_unix: float,
-                      scale: float) -> float | None:
-    """Budget seconds spent before this launch's clock started, when it is a torchrun restart.
-
-    A restart (--max-restarts after a crash) follows a launch of the same job whose machines
-    were paid for until the crash and through the restart, although its last checkpoint (and
-    its last metrics line) are older. The last segment recorded in run_info.json names its job
-    (NANOPLAN_LAUNCH_ID, else TORCHELASTIC_RUN_ID), its clock's wall-clock start and the time
-    it carried; if it is an earlier attempt of this job, everything from its start to this
-    clock's start counts: its carried time + the wall-clock gap × the time scale. None for a
-    first launch, a new job, or a segment recorded without these fields.
-    """
-    if restart_count <= 0 or not job or not segments:
+def launch_first_segment(segments: list[Any], job: str | None, restart_count: int) -> dict[str, Any] | None:
+    """The first attempt's segment of this job (the earliest of the trailing segments of `job`), when
+    this worker is a torchrun restart of it (the last segment is an earlier attempt); else None."""
+    if restart_count <= 0 or not job or not segments or not isinstance(segments[-1], dict):
         return None
-    prev = segments[-1]
     try:
-        same_job = prev.get("job") == job and int(prev.get("restart_count", 0)) < restart_count
-        carried, start = float(prev["carried_hours"]) * 3600.0, float(prev["clock_start_unix"])
+        if segments[-1].get("job") != job or int(segments[-1].get("restart_count", 0)) >= restart_count:
+            return None
+    except (TypeError, ValueError):
+        return None
+    first = segments[-1]
+    for seg in reversed(segments):
+        if not isinstance(seg, dict) or seg.get("job") != job:
+            break
+        first = seg
+    return first
+
+
+def restart_carried_s(segments: list[Any], job: str | None, restart_count: int) -> float | None:
+    """Budget seconds the launch carried in, when this worker is a torchrun restart of it.
+
+    That is the carried time of the job's first attempt recorded in run_info.json (the job is
+    NANOPLAN_LAUNCH_ID, else TORCHELASTIC_RUN_ID); the restart adds the launch's age, measured on
+    CLOCK_BOOTTIME from the launch's start (the crashed attempts, the crashes and the restarts).
+    None for a first launch, a new job, or a segment without these fields. No wall clock is
+    involved.
+    """
+    first = launch_first_segment(segments, job, restart_count)
+    if first is None:
+        return None
+    try:
+        carried = float(first["carried_hours"]) * 3600.0
     except (KeyError, TypeError, ValueError):
         return None
-    if not same_job or not (math.isfinite(carried) and math.isfinite(start)):
+    if not math.isfinite(carried) or carried < 0:
         return None
-    return carried + max(0.0, start_unix - start) * scale
+    return carried

@@ -1,15 +1,26 @@
 """Builds the torchrun command for a plan and runs it, turning a signalled stop into exit 0.
 
 torchrun itself exits non-zero when it is signalled, even when every worker checkpointed and
-exited 0. So `nanoplan run` starts torchrun in its own session and, on SIGTERM/SIGINT, sends
-SIGTERM to the training workers (torchrun's children) once. They finish the step, write a
-checkpoint and exit 0, and torchrun then exits 0 as well. If torchrun was signalled
-directly too, RUN_DIR/stop.json (reason "signal", written by this launch) still makes the
-exit code 0. Plain Python: no torch import.
+exited 0. So `nanoplan run` starts torchrun in its own session and, on SIGTERM, SIGINT or
+SIGHUP (a closed terminal), asks the training workers (torchrun's children) to stop, once:
+
+- it creates the launch's stop-request file (NANOPLAN_STOP_FILE, holding the signal's name),
+  which every worker reads right after installing its own handlers, and which a worker that
+  torchrun restarts reads too: a stop asked for at any moment is never lost;
+- it sends SIGTERM only to workers whose SIGTERM handler is installed (/proc/PID/status
+  SigCgt): a worker still importing torch would die of it, and torchrun would restart it.
+
+The workers finish the step, write a checkpoint and exit 0, and torchrun then exits 0 as well.
+If torchrun was signalled directly too, RUN_DIR/stop.json (reason "signal", written by this
+launch) still makes the exit code 0. A second signal while no worker has installed its
+handlers yet (torchrun starting, a multi-node rendezvous waiting for the other nodes) stops
+torchrun itself: exit 130. torchrun dies with `nanoplan run` (PR_SET_PDEATHSIG, SIGTERM), so
+even `kill -9` of the launcher makes the workers checkpoint and stop. Plain Python: no torch.
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
 import signal
@@ -17,14 +28,20 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from planner.launch import DEFAULT_MAX_RESTARTS, torchrun_command
 from planner.plan import Plan
+from runner.clock import ENV_LAUNCH_ID
+from runner.ledger import HEARTBEAT_S
 from runner.metrics import STOP, read_json
 
 SHUTDOWN_MIN_S = 60
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+EXIT_INTERRUPTED = 130          # stopped by a signal before any worker could take over the stop
+ENV_STOP_FILE = "NANOPLAN_STOP_FILE"   # exists once a stop was asked for; holds the signal's name
 
 
 def build_command(plan: Plan, plan_path: str, run_dir: str, *, nnodes: int | None = None, node_rank: int = 0,
@@ -100,66 +117,254 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def handles_sigterm(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGTERM installed (Linux /proc SigCgt); True where unknown."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("SigCgt:"):
+                return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    except (OSError, ValueError, IndexError):
+        return not Path("/proc/self/status").exists()
+    return True
+
+
+def _say(text: str) -> None:
+    """A line on stderr that never raises (the terminal may be gone: SIGHUP)."""
+    try:
+        print(text, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+class StopRequests:
+    """Catches SIGTERM/SIGINT/SIGHUP from the moment `nanoplan run` starts, before torchrun exists.
+
+    Before the launch a signal interrupts whatever runs (the preflight, a --probe) with one line,
+    "error: interrupted by SIGINT before the launch; nothing was started", and exit 130. Once
+    torchrun runs, `run_torchrun` takes the handler over.
+    """
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.on_signal: Callable[[str], None] | None = None
+        self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        name = signal.Signals(signum).name
+        self.names.append(name)
+        if self.on_signal is None:
+            import typer
+
+            _say(f"error: interrupted by {name} before the launch; nothing was started")
+            raise typer.Exit(EXIT_INTERRUPTED)
+        self.on_signal(name)
+
+    def restore(self) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _die_with_parent(parent: int) -> Callable[[], None] | None:
+    """preexec_fn for torchrun: SIGTERM it when `nanoplan run` dies (Linux prctl PR_SET_PDEATHSIG)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+
+    def preexec() -> None:
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)        # PR_SET_PDEATHSIG
+        if os.getppid() != parent:                           # the parent died before the prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return preexec
+
+
 ENV_STATUS = "NANOPLAN_STATUS_FILE"   # runner.train.report_exit writes {"exit_code", "error"} there
 
 
-def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path) -> int:
-    """Run torchrun to completion; forward the first SIGTERM/SIGINT to its workers. Returns the exit code.
+def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, *, stops: StopRequests | None = None,
+                 heartbeat: Callable[[], None] | None = None, pass_fds: tuple[int, ...] = ()) -> int:
+    """Run torchrun to completion, stopping it cleanly on SIGTERM/SIGINT/SIGHUP. Returns the exit code.
 
-    Workers that stop on purpose with an error (bad input, NaN loss, failed checkpoint write)
-    exit 0, so that torchrun neither restarts them nor prints a traceback, and leave their real
-    exit code in the status file; that code is returned here.
+    Workers that stop on purpose with an error (bad input, NaN loss, failed write) exit 0, so
+    that torchrun neither restarts them nor prints a traceback, and leave their real exit code
+    in the status file; that code is returned here. `heartbeat` is called about once a
+    second while torchrun runs; `pass_fds` are inherited by torchrun (the run-dir lock).
     """
     fd, status = tempfile.mkstemp(prefix="nanoplan-status-", suffix=".json")
     os.close(fd)
+    stop_file = status + ".stop"
+    stops = stops or StopRequests()
     try:
-        rc = _run_torchrun(cmd, {**env, ENV_STATUS: status}, run_dir)
+        rc = _run_torchrun(cmd, {**env, ENV_STATUS: status, ENV_STOP_FILE: stop_file}, run_dir, stops, stop_file,
+                           heartbeat, pass_fds)
         if rc == 0:
             rc = int((read_json(Path(status)) or {}).get("exit_code") or 0)
         return rc
     finally:
+        stops.restore()
         Path(status).unlink(missing_ok=True)
+        Path(stop_file).unlink(missing_ok=True)
 
 
-def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path) -> int:
-    started = time.time()
-    proc = subprocess.Popen(cmd, env=env, start_new_session=True)
-    state: dict[str, Any] = {"signalled": 0, "workers": []}
+def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, stops: StopRequests, stop_file: str,
+                  heartbeat: Callable[[], None] | None, pass_fds: tuple[int, ...]) -> int:
+    if stops.names:
+        _say(f"nanoplan run: got {stops.names[0]} before the launch; nothing was started")
+        return EXIT_INTERRUPTED
+    stops.on_signal = lambda name: None       # recorded in stops.names while torchrun is being spawned
+    proc = subprocess.Popen(cmd, env=env, start_new_session=True, pass_fds=pass_fds,
+                            preexec_fn=_die_with_parent(os.getpid()))  # noqa: PLW1509 - only prctl, no locks
+    state: dict[str, Any] = {"signalled": 0, "sent": set(), "interrupted": False}
 
-    def forward(signum: int, frame: Any) -> None:
+    def tell_workers() -> None:
+        """SIGTERM every worker that has its handler installed and has not been told yet."""
+        for pid in child_pids(proc.pid):
+            if pid not in state["sent"] and handles_sigterm(pid):
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                    state["sent"].add(pid)
+                except ProcessLookupError:
+                    pass
+
+    def on_signal(name: str) -> None:
         state["signalled"] += 1
-        if state["signalled"] > 1:
-            print("nanoplan run: already stopping, waiting for the checkpoint "
-                  f"(kill -9 {proc.pid} to abort)", file=sys.stderr, flush=True)
-            return
-        workers = state["workers"] = child_pids(proc.pid)
-        print(f"nanoplan run: got {signal.Signals(signum).name}; asking {len(workers) or 'the'} worker(s) "
-              "to finish the step and checkpoint", file=sys.stderr, flush=True)
-        targets = workers or [proc.pid]
-        for pid in targets:
+        if state["signalled"] == 1:
             try:
-                os.kill(pid, signal.SIGTERM)
+                Path(stop_file).write_text(name + "\n")   # first: workers starting up read it after their handlers
+            except OSError:
+                pass
+            tell_workers()
+            _say(f"nanoplan run: got {name}; asking the workers to finish the step and checkpoint")
+            return
+        if not state["sent"] and not state["interrupted"]:
+            state["interrupted"] = True   # no worker could take the stop yet: stop torchrun itself
+            _say(f"nanoplan run: got {name} again before any worker started; stopping torchrun")
+            try:
+                os.kill(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
+            return
+        _say(f"nanoplan run: already stopping, waiting for the checkpoint (kill -9 {proc.pid} to abort)")
 
-    old = {s: signal.signal(s, forward) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        while True:
-            try:
-                rc = proc.wait()
-                break
-            except KeyboardInterrupt:  # pragma: no cover - the handler replaces SIGINT
-                continue
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    stops.on_signal = on_signal
+    if stops.names:
+        on_signal(stops.names[-1])            # one that came while torchrun was being spawned
+    while True:
+        try:
+            rc = proc.wait(timeout=HEARTBEAT_S)
+            break
+        except subprocess.TimeoutExpired:
+            if state["signalled"]:
+                tell_workers()          # workers that installed their handlers since
+            if heartbeat is not None:
+                heartbeat()
+        except KeyboardInterrupt:  # pragma: no cover - the handler replaces SIGINT
+            continue
     if state["signalled"]:
         # torchrun's agent can die of repeated signals while its workers still write the final
         # checkpoint (they are not killed): wait for them before reading stop.json.
-        wait_gone(state["workers"], float(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_MIN_S)))
-    if rc != 0 and state["signalled"]:
-        stop = read_json(Path(run_dir) / STOP)
-        stop_file = Path(run_dir) / STOP
-        if stop and stop.get("reason") == "signal" and stop_file.stat().st_mtime >= started:
-            return 0
+        wait_gone(list(state["sent"]), float(env.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", SHUTDOWN_MIN_S)))
+        stop = read_json(Path(run_dir) / STOP) or {}
+        if stop.get("reason") == "signal" and stop.get("job") and stop.get("job") == env.get(ENV_LAUNCH_ID):
+            return 0                    # the workers stopped cleanly (the status file may still say 4)
+        if state["interrupted"]:
+            return EXIT_INTERRUPTED
     return rc
+
+
+class LaunchWriteError(Exception):
+    """The launch could not write its record into the run dir (disk full, I/O error): exit 4."""
+
+
+def io_problem(path: Path | str, e: OSError) -> str:
+    """'PATH could not be written: No space left on device [errno ENOSPC]'."""
+    import errno as _errno
+
+    why = f"{os.strerror(e.errno)} [errno {_errno.errorcode.get(e.errno, e.errno)}]" if e.errno else str(e)[:200]
+    return f"{path} could not be written: {why}"
+
+
+class Launch:
+    """What `nanoplan run` holds while it runs: the run-dir lock and this launch's budget record.
+
+    The clock starts at the launcher's own process start (t0, CLOCK_BOOTTIME seconds): the
+    Python start-up, preflight, torchrun and the rendezvous all count.
+    """
+
+    def __init__(self, run_dir: Path, *, node_rank: int, plan_hash: str, launch_id: str, t0: float,
+                 scale: float) -> None:
+        self.run_dir, self.node_rank, self.plan_hash, self.id = run_dir, node_rank, plan_hash, launch_id
+        self.t0, self.scale = t0, scale
+        self.lock: Any = None
+        self.record: dict[str, Any] | None = None
+        self._warned = False
+
+    def acquire(self) -> None:
+        """Lock the run dir, or raise PlanError (exit 2) naming the PID and host that hold it."""
+        from planner.errors import PlanError
+        from runner.runlock import TRAIN_LOCK, RunDirBusy, RunLock, launch_lock_name, probe
+
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            self.lock = RunLock.acquire(self.run_dir, launch_lock_name(self.node_rank), "nanoplan run")
+        except RunDirBusy as e:
+            raise PlanError("--run-dir", str(e), f"wait for that run to end, or stop it (kill -TERM {e.pid} on "
+                            f"{e.host}); two launches on one run dir would corrupt each other") from None
+        except OSError as e:
+            raise PlanError("--run-dir", f"{self.run_dir} cannot be locked ({e.strerror or e})",
+                            "pick another --run-dir") from None
+        if self.node_rank == 0:
+            held = probe(self.run_dir, TRAIN_LOCK)
+            if held is not None:    # workers of a launcher that was killed, or a plain torchrun
+                self.release()
+                e2 = RunDirBusy(self.run_dir, held)
+                raise PlanError("--run-dir", str(e2), f"wait for it to end, or stop it (kill -TERM {e2.pid} "
+                                f"on {e2.host})")
+
+    def spent_s(self) -> float:
+        """Real seconds since the launcher started (counted 1:1, as a first attempt's start-up is)."""
+        from runner.clock import boottime
+
+        return max(0.0, boottime() - self.t0)
+
+    def start(self) -> None:
+        """Persist this launch (node rank 0) before torchrun is spawned; LaunchWriteError if that fails."""
+        from runner.ledger import LEDGER, spent_before_s, write_record
+
+        if self.node_rank != 0:
+            return
+        import socket
+
+        carried = spent_before_s(self.run_dir, self.plan_hash)
+        self.record = {"id": self.id, "plan_hash": self.plan_hash, "host": socket.gethostname(), "pid": os.getpid(),
+                       "carried_s": carried, "spent_s": self.spent_s(), "state": "running"}
+        try:
+            write_record(self.run_dir, self.record)
+        except OSError as e:
+            raise LaunchWriteError(f"{io_problem(self.run_dir / LEDGER, e)}; nothing was started "
+                                   "(free disk space or fix the run dir, then run the same command)") from None
+
+    def heartbeat(self, state: str = "running") -> None:
+        """Rewrite this launch's spent time (best effort: the workers' own writes report a full disk)."""
+        from runner.ledger import LEDGER, write_record
+
+        if self.record is None:
+            return
+        self.record.update(spent_s=self.spent_s(), state=state)
+        try:
+            write_record(self.run_dir, self.record)
+        except (OSError, ValueError) as e:
+            if not self._warned and isinstance(e, OSError):
+                self._warned = True
+                _say(f"warning: {io_problem(self.run_dir / LEDGER, e)}; this launch's time is counted up to here")
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return (self.lock.fd,) if self.lock is not None and self.lock.fd >= 0 else ()
+
+    def release(self) -> None:
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None

@@ -131,11 +131,14 @@ def _clean(v: Any) -> Any:
 class MetricsLog:
     """Appends metrics lines (rank 0 only) and mirrors numbers to TensorBoard when installed."""
 
-    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool | None = None) -> None:
+    def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool | None = None,
+                 fail: tuple[int, int] | None = None) -> None:
         self.enabled = enabled
         self.path = Path(run_dir) / METRICS
         self._f: TextIO | None = None
         self._tb: Any = None
+        self._fail = fail          # (errno, n): the n-th line fails (a fault injected by a test)
+        self._lines = 0
         if not enabled:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -154,9 +157,13 @@ class MetricsLog:
                 self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
 
     def write(self, row: dict[str, Any]) -> None:
+        """Append one line and flush it. An OSError (disk full) propagates; the caller stops the run."""
         if not self.enabled or self._f is None:
             return
         row = {k: _clean(v) for k, v in row.items()}
+        self._lines += 1
+        if self._fail is not None and self._lines == self._fail[1]:
+            raise OSError(self._fail[0], os.strerror(self._fail[0]), str(self.path))
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
         if self._tb is not None:

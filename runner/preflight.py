@@ -15,7 +15,18 @@ from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
 from planner.plan import Plan
 from planner.units import fmt_bytes
-from runner.checkpoint import BEST, CKPT_DIR, RESUME_HINT, complete_steps, read_meta, resume_mismatch, step_dir
+from runner.checkpoint import (
+    BEST,
+    CKPT_DIR,
+    RESUME_HINT,
+    complete_steps,
+    list_steps,
+    read_meta,
+    resume_mismatch,
+    step_dir,
+)
+from runner.ledger import LEDGER
+from runner.runlock import LOCK_FILES
 
 
 @dataclass
@@ -74,7 +85,8 @@ def _existing_parent(p: Path) -> Path:
 
 
 # What the runner writes (or deletes) directly under RUN_DIR; checkpoints/ holds step_* directories.
-RUN_DIR_ENTRIES = (CKPT_DIR, "metrics.jsonl", "run_info.json", "stop.json", BEST, "tensorboard")
+RUN_DIR_ENTRIES = (CKPT_DIR, "metrics.jsonl", "run_info.json", "stop.json", BEST, "tensorboard", LEDGER,
+                   *LOCK_FILES)
 
 
 def check_plan_run_dir(raw: str) -> str | None:
@@ -132,16 +144,42 @@ def _write_problem(run_dir: Path, parent: Path) -> str | None:
     return None
 
 
-def check_run_dir(run_dir: Path, storage_bytes: int) -> list[str]:
+def peak_checkpoint_bytes(plan: Plan) -> int:
+    """The most checkpoint bytes on disk at once: the kept ones (keep_last + the best) plus the
+    one being written, since retention frees an old checkpoint only after the new one is complete.
+
+    plan.schedule.storage_bytes counts min(checkpoints, keep_last + 1); the runner also writes one
+    right after step 1 (to time the write) and a final one, so the count is capped at
+    checkpoints + 2 rather than checkpoints.
+    """
+    s = plan.schedule
+    return max(s.storage_bytes, min(s.num_checkpoints + 2, s.keep_last + 2) * s.checkpoint_bytes)
+
+
+def _checkpoint_bytes_on_disk(run_dir: Path) -> int:
+    total = 0
+    for st in list_steps(run_dir):
+        for f in step_dir(run_dir, st).rglob("*"):
+            try:
+                total += f.stat().st_size if f.is_file() else 0
+            except OSError:
+                pass
+    return total
+
+
+def check_run_dir(run_dir: Path, storage_bytes: int, checkpoint_bytes: int = 0) -> list[str]:
     """Problems with the run dir: it cannot be written (then nothing else is checked), or its disk
-    has less free space than the plan's checkpoints need."""
+    has less free space than the plan's checkpoints need at their peak (`storage_bytes`), less
+    what the run dir's checkpoints already take (but at least one more checkpoint)."""
     parent = _existing_parent(run_dir)
     bad = _write_problem(run_dir, parent)
     if bad:
         return [bad]
     free = shutil.disk_usage(parent).free
-    if free < storage_bytes:
-        return [f"free disk at {parent} is {fmt_bytes(free)}, the plan's checkpoints need {fmt_bytes(storage_bytes)}; "
+    need = max(checkpoint_bytes, storage_bytes - (_checkpoint_bytes_on_disk(run_dir) if run_dir.is_dir() else 0))
+    if free < need:
+        return [f"free disk at {parent} is {fmt_bytes(free)}, the plan's checkpoints need {fmt_bytes(need)} "
+                "(keep_last + the best + the one being written); "
                 "free space, lower --keep-last or pick another --run-dir"]
     return []
 
@@ -200,7 +238,7 @@ def run_preflight(plan: Plan, plan_path: str | Path, run_dir: Path, data_overrid
     probs, notes = check_devices(plan)
     pf.problems += probs
     pf.notes += notes
-    pf.problems += check_run_dir(run_dir, plan.schedule.storage_bytes)
+    pf.problems += check_run_dir(run_dir, peak_checkpoint_bytes(plan), plan.schedule.checkpoint_bytes)
     escape = check_run_dir_contained(run_dir)
     if escape:
         pf.problems.append(escape)

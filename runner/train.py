@@ -3,8 +3,11 @@
 One process per GPU (or per CPU "GPU" with gloo). It trains the plan's model with DDP, logs
 metrics each step, checkpoints every plan.schedule.checkpoint_every_minutes of wall clock,
 stops before the plan's budget runs out (leaving time for the final checkpoint), at
-total_steps, on validation patience, or on SIGTERM/SIGINT (after a checkpoint, exit 0), and
-resumes from the newest intact checkpoint of RUN_DIR.
+total_steps, on validation patience, or on SIGTERM/SIGINT/SIGHUP or a stop request of
+`nanoplan run` (after a checkpoint, exit 0), and resumes from the newest intact checkpoint of
+RUN_DIR. The rank-0 worker holds RUN_DIR's training lock (runner/runlock.py) from before it
+reads or cleans the run dir until it exits. A failed write of any run file (metrics.jsonl,
+run_info.json, best.json, stop.json, a checkpoint) stops the run with exit code 4 and one line.
 
 Per step there is one host sync: a single all-reduce of [loss, grad norm, checkpoint flag,
 stop flag, signal flag] whose flags rank 0 sets from its clock, so all ranks agree on when
@@ -31,13 +34,33 @@ from torch import nn
 from planner.errors import PlanError
 from planner.plan import Plan, load_plan
 from runner import checkpoint as ck
-from runner.clock import ENV_LAUNCH_ID, BudgetGuard, Clock, deadline_seconds, restart_carried_s
+from runner import ledger
+from runner.clock import (
+    ENV_LAUNCH_ID,
+    BudgetGuard,
+    Clock,
+    deadline_seconds,
+    launch_first_segment,
+    restart_carried_s,
+)
 from runner.data import TrainBatches, ValBatches, data_fingerprints, fingerprint_change, load_data
 from runner.display import Display, stop_summary
-from runner.metrics import STOP, MetricsLog, mfu, read_metrics, read_run_info, update_run_info, write_json
+from runner.launcher import ENV_STOP_FILE, io_problem
+from runner.metrics import (
+    METRICS,
+    RUN_INFO,
+    STOP,
+    MetricsLog,
+    mfu,
+    read_metrics,
+    read_run_info,
+    update_run_info,
+    write_json,
+)
 from runner.model import GPT
 from runner.parallel import full_value, parallelize
 from runner.preflight import check_data, check_run_dir_contained, resolve_data_dir
+from runner.runlock import TRAIN_LOCK, RunDirBusy, RunLock
 from runner.schedule import DeadlineSchedule, lr_multiplier  # noqa: F401  (lr_multiplier: re-exported)
 from runner.step import autocast, build_optimizer, train_step
 
@@ -81,20 +104,43 @@ def setup_dist(plan: Plan, force: bool) -> Dist:
     return Dist(rank, local, world, device)
 
 
+class RunWriteError(Exception):
+    """A run file other than a checkpoint could not be written (disk full, I/O error): exit 4."""
+
+
 class Signals:
-    """SIGTERM/SIGINT only set a flag: the loop finishes the step, checkpoints, and exits 0."""
+    """SIGTERM/SIGINT/SIGHUP only set a flag: the loop finishes the step, checkpoints, and exits 0.
+
+    install() also takes over what arrived before it (runner.EARLY_SIGNALS, caught while torch
+    was imported) and a stop that `nanoplan run` asked for before this worker could hear it
+    (the file NANOPLAN_STOP_FILE names, holding the signal's name): none is lost.
+    """
 
     def __init__(self) -> None:
         self.count = 0
         self.names: list[str] = []
 
     def install(self) -> None:
-        for s in (signal.SIGTERM, signal.SIGINT):
+        import runner
+
+        for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(s, self._handle)
+        for name in runner.EARLY_SIGNALS:
+            self._note(name)
+        runner.EARLY_SIGNALS.clear()
+        stop = os.environ.get(ENV_STOP_FILE)      # read after the handlers are in place: no gap
+        if stop:
+            try:
+                self._note(Path(stop).read_text().strip()[:20] or "SIGTERM")
+            except OSError:
+                pass
+
+    def _note(self, name: str) -> None:
+        self.count += 1
+        self.names.append(name)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self.count += 1
-        self.names.append(signal.Signals(signum).name)
+        self._note(signal.Signals(signum).name)
 
 
 def grad_accum_for(plan: Plan, world: int, force: bool) -> int:
@@ -154,24 +200,54 @@ def launch_job() -> str | None:
     return os.environ.get(ENV_LAUNCH_ID) or os.environ.get("TORCHELASTIC_RUN_ID") or None
 
 
-def _restart_carry_h(run_dir: Path, clock: Clock) -> float:
-    """Hours spent by earlier attempts of this torchrun job up to this launch's clock start (0 if none)."""
+def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float, float]:
+    """(hours this launch carried in, if known; hours the run dir's launch records add up to;
+    real seconds of the launch's start-up that its first attempt counted 1:1).
+
+    A launch of `nanoplan run` has its record in launches.json (runner/ledger.py). A torchrun
+    restart without one carries what its launch's first attempt did (run_info.json segments).
+    The clock counts from the launch's start, so nothing else of this launch is added here.
+    """
+    job = os.environ.get(ENV_LAUNCH_ID)
+    recs = ledger.read_ledger(run_dir)
+    live = ledger.live_record(run_dir, recs)      # this launch, recorded by node rank 0's launcher
+    own = next((r for r in recs if job and r["id"] == job), None) or live
+    total_h = ledger.ledger_total_s(recs, phash, skip={job, live["id"] if live else None}) / 3600.0
     segs = (read_run_info(run_dir) or {}).get("segments") or []
-    s = restart_carried_s(segs if isinstance(segs, list) else [], launch_job(), ck._restart_count(),
-                          clock.start_unix, clock.scale)
-    return (s or 0.0) / 3600.0
+    segs = segs if isinstance(segs, list) else []
+    s = restart_carried_s(segs, launch_job(), ck._restart_count())
+    first = launch_first_segment(segs, launch_job(), ck._restart_count())
+    try:
+        first_age = max(0.0, float((first or {}).get("launch_age_s") or 0.0))
+    except (TypeError, ValueError):
+        first_age = 0.0
+    first_age = first_age if math.isfinite(first_age) else 0.0
+    if own is not None:
+        return float(own["carried_s"]) / 3600.0, total_h, first_age
+    return (None if s is None else s / 3600.0), total_h, first_age
 
 
 def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: bool,
                    log: Any, clock: Clock, data_dir: Path | None = None,
                    data_fp: dict[str, Any] | None = None) -> dict[str, Any]:
     """Rank 0: which checkpoint to resume from (or an error to raise on every rank), and the
-    hours already spent ("carried_hours"): the checkpoint's, the metrics logged after it, and,
-    after a torchrun restart, everything up to this launch (the crash and the restart included)."""
+    hours already spent before this launch ("carried_hours").
+
+    A first attempt carries the most that any record says: the checkpoint's hours, the
+    metrics logged after it, and the launch records (launches.json: launches killed before
+    any worker wrote a line count too). A torchrun restart carries what its launch carried in:
+    its clock already counts from the launch's start (the crash and the restart included).
+    """
     try:
         steps = ck.list_steps(run_dir)
         restarted = ck._restart_count() > 0
-        restart_h = _restart_carry_h(run_dir, clock)
+        launch_h, ledger_h, first_age = _launch_carry_h(run_dir, phash)
+        if restarted and launch_h is not None:   # + everything since the launch began: the clock restarts at 0
+            # the first attempt's start-up counted 1:1, the rest of the launch × the scale (a test hook)
+            age = clock.launch_age
+            restart_h = (launch_h * 3600.0 + min(first_age, age) + max(0.0, age - first_age) * clock.scale) / 3600.0
+        else:
+            restart_h = max(launch_h or 0.0, ledger_h)
         if (bad_best := ck.best_problem(run_dir)) is not None:
             log(f"warning: {bad_best}; ignored (rewritten at the next checkpoint with a validation loss)")
         if not ck.complete_steps(run_dir):     # nothing, or only writes killed before meta.json
@@ -208,9 +284,12 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
                 raise PlanError(changed[0], f"{changed[1]} (checkpoint step_{step:08d})",
                                 "restore the data the run was trained on, or --force to resume on this data")
             log(f"warning: {changed[0]}: {changed[1]}; resuming on it anyway (--force)")
-        rows = read_metrics(run_dir, warn=lambda m: log(f"warning: {m}"))
-        logged_h = max((r.get("elapsed_hours") or 0.0 for r in rows), default=0.0)
-        meta["carried_hours"] = max(float(meta.get("elapsed_hours", 0.0)), float(logged_h), restart_h)
+        if restarted and launch_h is not None:
+            meta["carried_hours"] = restart_h
+        else:
+            rows = read_metrics(run_dir, warn=lambda m: log(f"warning: {m}"))
+            logged_h = max((r.get("elapsed_hours") or 0.0 for r in rows), default=0.0)
+            meta["carried_hours"] = max(float(meta.get("elapsed_hours", 0.0)), float(logged_h), restart_h)
         return {"step": step, "meta": meta, "carried_hours": meta["carried_hours"]}
     except PlanError as e:
         return {"error": [e.field, e.problem, e.fix]}
@@ -235,8 +314,16 @@ class Trainer:
         self.plan = load_plan(args.plan)
         self.phash = ck.plan_hash(self.plan)
         self.d = setup_dist(self.plan, args.force)
+        if self.d.on:    # the oldest node's launch: a node that waited in the rendezvous was paid for
+            age = torch.tensor([self.clock.real()], dtype=torch.float64, device=self.d.device)
+            dist.all_reduce(age, op=dist.ReduceOp.MAX)
+            self.clock.start_earlier(float(age.item()))
         self.run_dir = Path(args.run_dir)
         self.faults = ck.Faults.from_env()
+        self.lock: RunLock | None = None
+        self.pending_write: str | None = None   # rank 0: a failed write, shared at the next step's all-reduce
+        self.write_error: str | None = None
+        self.ckpt_write_failed = False
         self.display = Display(enabled=self.d.is_main, budget_usd=self.plan.budget.usd if self.plan.budget.usd_per_hour > 0 else None,
                                planned_tokens_per_sec=self.plan.throughput.tokens_per_sec)
 
@@ -266,8 +353,20 @@ class Trainer:
         escape = check_run_dir_contained(self.run_dir)
         if escape:
             raise PlanError("--run-dir", escape, "remove the link, or pass the real directory as --run-dir")
+        busy: list[str] | None = None
         if d.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                self.lock = RunLock.acquire(self.run_dir, TRAIN_LOCK, "a training worker")
+            except RunDirBusy as e:
+                busy = ["--run-dir", str(e), f"wait for that run to end, or stop it (kill -TERM {e.pid} on {e.host}); "
+                        "two runs on one run dir would corrupt each other"]
+            except OSError as e:
+                busy = ["--run-dir", f"{self.run_dir} cannot be created or locked ({e.strerror or e})",
+                        "pick another --run-dir"]
+        busy = _bcast(busy, d)     # before anything reads, writes or cleans the run dir
+        if busy:
+            raise PlanError(*busy)
 
         torch.manual_seed(hyper.seed)
         if self.device_type == "cuda":
@@ -337,7 +436,7 @@ class Trainer:
         b = plan.budget
         if ckdir is None and carried_h > 0:
             self.log(f"no checkpoint to resume from: starting over, with {carried_h * 60:.2f} min and "
-                     f"${carried_h * b.usd_per_hour:.2f} carried from the crashed launch")
+                     f"${carried_h * b.usd_per_hour:.2f} carried from earlier launches")
         self.usd_per_hour = b.usd_per_hour
         self.guard = BudgetGuard(deadline_seconds(plan.request.hours, plan.request.budget_usd, b.usd_per_hour),
                                  carried_s=carried_h * 3600.0, ckpt_bytes=plan.schedule.checkpoint_bytes)
@@ -353,17 +452,27 @@ class Trainer:
         self.last_loss: float | None = None
         self.nth_write = 0
         self.device_name = torch.cuda.get_device_name(d.device) if self.device_type == "cuda" else "cpu"
-        self.segment = 0
+        seg: int | str = 0
         if d.is_main:
             now = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-            self.segment = update_run_info(self.run_dir, {
-                "plan_hash": self.phash, "plan_path": str(Path(self.args.plan).resolve()), "device": self.device_name,
-                "torch_version": torch.__version__, "world_size": d.world_size, "start_time": now,
-                "data_dir": str(data_dir), "data_fingerprint": self.data_fp,
-            }, {"start_time": now, "resumed_from_step": decision["step"], "world_size": d.world_size,
-                "restart_count": ck._restart_count(), "device": self.device_name, "job": launch_job(),
-                "clock_start_unix": self.clock.start_unix, "carried_hours": carried_h})
-        self.segment = _bcast(self.segment, d)
+            try:
+                if (fail := self.faults.file_errno("run_info", 1)) is not None:
+                    raise OSError(fail, os.strerror(fail), str(self.run_dir / RUN_INFO))
+                seg = update_run_info(self.run_dir, {
+                    "plan_hash": self.phash, "plan_path": str(Path(self.args.plan).resolve()),
+                    "device": self.device_name, "torch_version": torch.__version__, "world_size": d.world_size,
+                    "start_time": now, "data_dir": str(data_dir), "data_fingerprint": self.data_fp,
+                }, {"start_time": now, "resumed_from_step": decision["step"], "world_size": d.world_size,
+                    "restart_count": ck._restart_count(), "device": self.device_name, "job": launch_job(),
+                    "clock_start_unix": self.clock.start_unix, "carried_hours": carried_h,
+                    "launch_age_s": self.clock.age})
+            except OSError as e:
+                seg = io_problem(self.run_dir / RUN_INFO, e)
+        seg = _bcast(seg, d)
+        if isinstance(seg, str):
+            raise RunWriteError(f"{seg}; stopped before the first step (free disk space or fix the run dir, "
+                                "then run the same command to resume)")
+        self.segment = seg
 
     # ------------------------------------------------------------------ pieces of the loop
 
@@ -438,7 +547,10 @@ class Trainer:
             meta=meta, faults=self.faults, nth_write=self.nth_write, slow_write=self.clock.simulate_slow_write,
         )
         if self.d.is_main:
-            ck.update_best(self.run_dir, step, val)
+            try:
+                ck.update_best(self.run_dir, step, val)
+            except OSError as e:
+                self.note_write_error(io_problem(self.run_dir / ck.BEST, e))
             ck.retain(self.run_dir, self.plan.schedule.keep_last)
         self.guard.observe_checkpoint(self.clock.budget() - t0)   # retention (it verifies) is part of the cost
         self.last_ckpt_total = self.total_s()
@@ -455,7 +567,8 @@ class Trainer:
             eval_due = bool(self.val_every) and step % self.val_every == 0
             want_stop = float(self.guard.should_stop(self.clock.budget(), checkpoint_due=bool(want_ckpt),
                                                      eval_due=eval_due))
-        flags = torch.tensor([want_ckpt, want_stop, float(self.signals.count > 0), projected], dtype=torch.float64)
+        flags = torch.tensor([want_ckpt, want_stop, float(self.signals.count > 0), projected,
+                              float(self.pending_write is not None)], dtype=torch.float64)
         vec = torch.cat([loss.detach().double().reshape(1), gnorm.detach().double().reshape(1).to(loss.device),
                          flags.to(loss.device)])   # float64: the projected step is exact
         if self.d.on:
@@ -473,12 +586,16 @@ class Trainer:
         plan, d, hyper = self.plan, self.d, self.plan.request.hyper
         step = self.start_step
         self.last_ckpt_step = step if self.resume_meta else -1
-        metrics = MetricsLog(self.run_dir, enabled=d.is_main)
+        try:
+            metrics = MetricsLog(self.run_dir, enabled=d.is_main, fail=self.faults.file_fault("metrics"))
+        except OSError as e:
+            self.note_write_error(io_problem(self.run_dir / METRICS, e))
+            metrics = MetricsLog(self.run_dir, enabled=False)
         peak = plan.throughput.peak_flops_per_gpu
         reason: str | None = None
         if step >= self.total_steps:
             reason = "total_steps"
-        elif step >= self.sched.total or self.guard.should_stop(0.0):
+        elif step >= self.sched.total or self.guard.should_stop(self.clock.budget()):
             reason = "deadline"
         if reason:
             self.log(f"nothing to do: {reason} already reached at step {step}")
@@ -491,7 +608,8 @@ class Trainer:
                 gnorm_t = full_value(gnorm_t)   # a DTensor under zero2/fsdp
                 step += 1
                 self.faults.after_step(step, d.rank)
-                loss_sum, gnorm_sum, want_ckpt, want_stop, got_signal, projected = self._flags(loss_t, gnorm_t, step)
+                (loss_sum, gnorm_sum, want_ckpt, want_stop, got_signal, projected,
+                 write_failed) = self._flags(loss_t, gnorm_t, step)
                 self.sched.apply(step, int(projected))
                 if (note := self.sched.announcement(step)) is not None:
                     self.log(note)
@@ -521,12 +639,18 @@ class Trainer:
                 }
                 if val is not None:
                     row["val_loss"] = val
-                metrics.write(row)
+                try:
+                    metrics.write(row)
+                except OSError as e:
+                    self.note_write_error(io_problem(metrics.path, e))
+                    metrics.enabled = False
                 self.last_loss = loss
                 self.display.update({**row, "seconds_to_stop": self.guard.seconds_to_stop(self.clock.budget()),
                                      "seconds_to_checkpoint": self.last_ckpt_total + self.ckpt_every_s - self.total_s()})
                 if not math.isfinite(loss):
                     reason = "nan"
+                elif write_failed:
+                    reason = "write_error"      # a run file could not be written (rank 0, at an earlier step)
                 elif got_signal:
                     reason = "signal"
                 elif want_stop:
@@ -541,12 +665,19 @@ class Trainer:
             if self.signals.names:
                 self.log(f"got {self.signals.names[0]}: stopping after step {step} with a checkpoint")
             final = None
-            if reason not in ("nan", "write_error") and step > self.start_step and self.last_ckpt_step != step:
+            # after a failed metrics/run_info/best.json write the checkpoint is still tried: it keeps the work
+            may_write = reason != "nan" and not self.ckpt_write_failed
+            if may_write and step > self.start_step and self.last_ckpt_step != step:
                 final = self._checkpoint_or_stop(step)
                 reason = reason if final is not None else "write_error"
-            elif reason not in ("nan", "write_error") and self.last_ckpt_step == step and step > self.start_step:
+            elif may_write and self.last_ckpt_step == step and step > self.start_step:
                 final = ck.step_dir(self.run_dir, step)
-        metrics.close()
+        try:
+            metrics.close()
+        except OSError as e:
+            self.note_write_error(io_problem(metrics.path, e))
+        if self.pending_write is not None and reason != "nan":
+            reason = "write_error"      # rank 0 only (a write after the last all-reduce): its exit code counts
         total_h = self.total_s() / 3600.0
         code = {"nan": EXIT_NAN, "write_error": EXIT_WRITE}.get(str(reason), EXIT_OK)
         error = None
@@ -563,13 +694,16 @@ class Trainer:
                                usd=total_h * self.usd_per_hour, loss=self.last_loss,
                                val_loss=self.last_val[1] if self.last_val else None)
         if d.is_main:
-            record_stop(self.run_dir, {
+            stopped = record_stop(self.run_dir, {
                 "reason": reason, "step": step, "total_steps": self.total_steps,
                 "checkpoint": str(final) if final else None, "elapsed_hours": total_h,
-                "usd_spent": total_h * self.usd_per_hour, "segment": self.segment,
+                "usd_spent": total_h * self.usd_per_hour, "segment": self.segment, "job": launch_job(),
                 "signals": self.signals.names, "exit_code": code, "error": error,
                 "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "summary": summary,
             })
+            if stopped is not True and code == EXIT_OK:
+                code, error = EXIT_WRITE, f"{stopped}; the run itself stopped cleanly ({reason} at step {step})"
+                self.error = error
             where = f"; checkpoint {final}" if final else ""
             self.log(f"stopped: {reason} at step {step}/{self.total_steps}, {total_h * 60:.2f} min, "
                      f"${total_h * self.usd_per_hour:.2f}{where}")
@@ -580,12 +714,19 @@ class Trainer:
 
     def _checkpoint_or_stop(self, step: int) -> Path | None:
         """self.checkpoint(step), or None after a failed write (disk full, I/O error): the run then
-        stops, keeping the checkpoints it has; the message is kept for the stop line."""
+        stops, keeping the checkpoints it has; the first failure's message is kept for the stop line."""
         try:
             return self.checkpoint(step)
         except ck.CheckpointWriteError as e:
-            self.write_error = str(e)
+            self.write_error = self.write_error or str(e)
+            self.ckpt_write_failed = True
             return None
+
+    def note_write_error(self, problem: str) -> None:
+        """Rank 0: a run file could not be written. The run stops at the next step's all-reduce
+        (every rank learns it there), still writing a final checkpoint if it can."""
+        self.write_error = self.write_error or problem
+        self.pending_write = self.pending_write or problem
 
 
 def _first_line(e: BaseException) -> str:
@@ -593,13 +734,13 @@ def _first_line(e: BaseException) -> str:
     return (text.splitlines()[0] if text else type(e).__name__)[:200]
 
 
-def record_stop(run_dir: Path, data: dict[str, Any]) -> bool:
-    """Write RUN_DIR/stop.json; False when that fails too (a full or broken disk)."""
+def record_stop(run_dir: Path, data: dict[str, Any]) -> bool | str:
+    """Write RUN_DIR/stop.json; True, or the problem when that fails too (a full or broken disk)."""
     try:
         write_json(run_dir / STOP, data)
         return True
-    except OSError:
-        return False
+    except OSError as e:
+        return io_problem(run_dir / STOP, e)
 
 
 ENV_STATUS = "NANOPLAN_STATUS_FILE"
@@ -637,6 +778,39 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+class HangupSafe:
+    """A text stream that drops output once writing to it fails (a closed terminal gives EIO), so that
+    a worker whose terminal went away (SIGHUP of `nanoplan run`) still finishes its step and checkpoint."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self.broken = False
+
+    def write(self, text: str) -> int:
+        if not self.broken:
+            try:
+                return int(self._inner.write(text))
+            except (OSError, ValueError):
+                self.broken = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._inner.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def isatty(self) -> bool:
+        try:
+            return not self.broken and bool(self._inner.isatty())
+        except (OSError, ValueError):
+            return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     clock = Clock.from_env()
@@ -651,10 +825,18 @@ def main(argv: list[str] | None = None) -> int:
         if is_main:
             print(f"error: {e}", file=sys.stderr, flush=True)
         return report_exit(EXIT_USAGE, str(e))
+    except RunWriteError as e:
+        if is_main:
+            record_stop(Path(args.run_dir), {"reason": "write_error", "step": None, "exit_code": EXIT_WRITE,
+                                             "error": str(e), "job": launch_job(), "signals": [],
+                                             "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return report_exit(EXIT_WRITE, str(e))
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
 
 
 if __name__ == "__main__":
+    sys.stdout, sys.stderr = HangupSafe(sys.stdout), HangupSafe(sys.stderr)   # type: ignore[assignment]
     sys.exit(main())

@@ -240,7 +240,7 @@ def test_the_unmutated_inputs_are_accepted(work: Path, good_plan: dict, good_pro
     assert code == 0 and err == "", err
     with pytest.raises(Tripwire):   # the tripwire is live: a good plan gets as far as launching
         with mock.patch("runner.launcher.run_torchrun", side_effect=Tripwire):
-            cli.app(["run", plan, "--run-dir", str(work / "run")], standalone_mode=False)
+            cli.app(["run", plan, "--run-dir", str(work / "launched")], standalone_mode=False)   # locked there
 
 
 # ---------------------------------------------------------------- plan.json: validate and run

@@ -101,16 +101,42 @@ def test_guard_counts_the_periodic_checkpoint_due_now() -> None:
     assert not g.should_stop(84.0, eval_due=True) and g.should_stop(79.0, checkpoint_due=True)
 
 
-def test_a_torchrun_restart_counts_the_time_since_the_crashed_launch_started() -> None:
+def test_a_torchrun_restart_carries_what_its_launch_carried_in() -> None:
+    """A restart carries its launch's carry (runner.train adds the launch's age on CLOCK_BOOTTIME);
+    no wall-clock difference is involved (an NTP step cannot charge anything)."""
     seg0 = {"job": "j1", "restart_count": 0, "carried_hours": 0.5, "clock_start_unix": 1000.0}
-    assert restart_carried_s([seg0], "j1", 1, 1100.0, 1.0) == 1800.0 + 100.0
-    assert restart_carried_s([seg0], "j1", 1, 1100.0, 10.0) == 1800.0 + 1000.0   # the simulated clock's scale
-    assert restart_carried_s([seg0], "j1", 2, 1100.0, 1.0) == 1900.0     # attempt 1 died before it was recorded
-    assert restart_carried_s([seg0], "j1", 0, 1100.0, 1.0) is None       # a first launch
-    assert restart_carried_s([seg0], "j2", 1, 1100.0, 1.0) is None       # another job: the gap was not paid for
-    assert restart_carried_s([{**seg0, "restart_count": 1}], "j1", 1, 1100.0, 1.0) is None
-    assert restart_carried_s([{"job": "j1", "restart_count": 0}], "j1", 1, 1100.0, 1.0) is None   # an older record
-    assert restart_carried_s([seg0], "j1", 1, 900.0, 1.0) == 1800.0      # the wall clock went back: no gap
+    assert restart_carried_s([seg0], "j1", 1) == 1800.0
+    assert restart_carried_s([seg0], "j1", 2) == 1800.0                  # attempt 1 died before it was recorded
+    assert restart_carried_s([{**seg0, "clock_start_unix": 1e12}], "j1", 1) == 1800.0   # a stepped wall clock
+    assert restart_carried_s([seg0], "j1", 0) is None                    # a first launch
+    assert restart_carried_s([seg0], "j2", 1) is None                    # another job
+    assert restart_carried_s([{**seg0, "restart_count": 1}], "j1", 1) is None
+    assert restart_carried_s([{"job": "j1", "restart_count": 0}], "j1", 1) is None   # an older record
+    assert restart_carried_s([{**seg0, "carried_hours": float("nan")}], "j1", 1) is None
+    seg1 = {**seg0, "restart_count": 1, "carried_hours": 0.9}   # a second restart: the launch's carry, once
+    assert restart_carried_s([{"job": "j0", "restart_count": 0, "carried_hours": 0.1}, seg0, seg1], "j1", 2) == 1800.0
+
+
+def test_the_clock_starts_when_the_launch_started() -> None:
+    """NANOPLAN_LAUNCH_T0 (the launcher's process start on CLOCK_BOOTTIME) moves the origin back:
+    the start-up counts; a later rendezvous report of an older node moves it back further, never forward."""
+    from runner.clock import ENV_LAUNCH_T0, boottime, launch_age_s, process_start_boottime
+
+    now = boottime()
+    assert 4.9 < launch_age_s({ENV_LAUNCH_T0: repr(now - 5.0)}) < 6.0
+    assert launch_age_s({ENV_LAUNCH_T0: "garbage"}) == 0.0 and launch_age_s({}) == 0.0
+    assert launch_age_s({ENV_LAUNCH_T0: repr(now + 100)}) == 0.0          # never negative
+    started = process_start_boottime()
+    assert started is None or 0 <= now - started < 1e6
+    ft = FakeTime()
+    c = Clock(scale=2.0, time_fn=ft, age_s=3.0)
+    assert c.real() == 3.0 and c.budget() == 3.0          # the start-up counts 1:1, also under a time scale
+    ft.t += 1.0
+    assert c.real() == 4.0 and c.budget() == 5.0
+    c.start_earlier(10.0)
+    assert c.real() == 10.0 and c.budget() == 11.0
+    c.start_earlier(4.0)
+    assert c.real() == 10.0
 
 
 def test_lr_schedule_warmup_flat_warmdown() -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import shlex
 import uuid
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -15,6 +15,9 @@ from planner.cli import app
 from planner.cli.common import examples
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
+
+if TYPE_CHECKING:
+    from runner.launcher import StopRequests
 
 Opt = typer.Option
 
@@ -40,10 +43,29 @@ def run(
                                                "plan RUN_DIR/plan.probed.json")] = False,
 ) -> None:
     """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
+    from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
+
+    t0 = process_start_boottime() or boottime()     # the budget clock of this launch starts here
+    stops: StopRequests | None = None
+    if not dry_run:
+        from runner.launcher import StopRequests  # noqa: PLC0415
+
+        stops = StopRequests()     # a Ctrl-C from now on is never lost (nor a SIGTERM, nor a SIGHUP)
+    try:
+        _run(plan_path, run_dir, data, dry_run, resume, force, nnodes, node_rank, rdzv_endpoint, max_restarts,
+             probe, t0, stops)
+    finally:
+        if stops is not None:
+            stops.restore()
+
+
+def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, resume: bool, force: bool,
+         nnodes: int | None, node_rank: int, rdzv_endpoint: str | None, max_restarts: int, probe: bool,
+         t0: float, stops: StopRequests | None) -> None:
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
-    from runner.clock import ENV_LAUNCH_ID  # noqa: PLC0415
-    from runner.launcher import build_command, launch_env, run_torchrun  # noqa: PLC0415
+    from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
+    from runner.launcher import Launch, LaunchWriteError, build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
     fresh, stale = rederive(plan, plan_path)
@@ -97,9 +119,25 @@ def run(
             raise PlanError("preflight", pf.problems[0] + more, "fix it, or pass --force to launch anyway")
         for p in pf.problems:
             typer.echo(f"warning: preflight: {p} (--force)", err=True)
-    typer.echo(f"launching: {shlex.join(cmd)}", err=True)
-    env = launch_env(plan)
-    env[ENV_LAUNCH_ID] = uuid.uuid4().hex   # the same in every torchrun restart: they count each other's time
-    rc = run_torchrun(cmd, env, rdir)
+    from runner.checkpoint import plan_hash  # noqa: PLC0415
+
+    launch_id = uuid.uuid4().hex   # the same in every torchrun restart: they count each other's time
+    launch = Launch(Path(rdir), node_rank=node_rank, plan_hash=plan_hash(plan), launch_id=launch_id, t0=t0,
+                    scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0)
+    launch.acquire()               # exit 2 if another live process holds the run dir
+    try:
+        try:
+            launch.start()         # persisted before torchrun is spawned
+        except LaunchWriteError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(4) from None
+        typer.echo(f"launching: {shlex.join(cmd)}", err=True)
+        env = launch_env(plan)
+        env[ENV_LAUNCH_ID] = launch_id
+        env[ENV_LAUNCH_T0] = repr(t0)
+        rc = run_torchrun(cmd, env, rdir, stops=stops, heartbeat=launch.heartbeat, pass_fds=launch.pass_fds())
+        launch.heartbeat("ended")
+    finally:
+        launch.release()
     if rc:
         raise typer.Exit(rc)

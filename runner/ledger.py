@@ -1,0 +1,118 @@
+"""RUN_DIR/launches.json: every `nanoplan run` launch and the budget time it has used so far.
+
+`nanoplan run` (node rank 0) appends its record before it spawns torchrun, and rewrites it
+every HEARTBEAT_S while it runs and once when it ends:
+
+    {"launches": [{"id", "plan_hash", "host", "carried_s", "spent_s", "state"}, ...]}
+
+- carried_s: budget seconds the run had used before this launch (the most that any record
+  of the run says: this ledger, the checkpoints' meta.json, metrics.jsonl);
+- spent_s: budget seconds since this launch's process started, measured on a monotonic clock
+  (so a launch killed with -9 during its start-up, before any worker wrote a line, still
+  counts, up to its last heartbeat).
+
+The next launch carries max(carried_s + spent_s) over the run's records. Gaps between launches
+(a relaunch by hand an hour later) are not counted: the machines need not have been rented.
+Plain Python, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlanError
+from planner.plan import atomic_write_text
+
+LEDGER = "launches.json"
+HEARTBEAT_S = 1.0
+_FIELDS = {"id": str, "plan_hash": str, "host": str, "carried_s": float, "spent_s": float, "state": str}
+
+
+def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
+    """The records of RUN_DIR/launches.json ([] when there is none); a malformed file is refused."""
+    p = Path(run_dir) / LEDGER
+    if not p.exists():
+        return []
+    try:
+        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=lambda c: math.nan)
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise PlanError(str(p), f"is not readable JSON ({str(e)[:120]})",
+                        "move it away; the run then counts only what metrics.jsonl and the checkpoints say") from None
+    recs = data.get("launches") if isinstance(data, dict) else None
+    if not isinstance(recs, list):
+        raise PlanError(f"{p}: field 'launches'", "must be a list", "move the file away")
+    for i, r in enumerate(recs):
+        if not isinstance(r, dict):
+            raise PlanError(f"{p}: field 'launches[{i}]'", "must be an object", "move the file away")
+        for k, t in _FIELDS.items():
+            v = r.get(k)
+            ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                  if t is float else isinstance(v, str))
+            if not ok:
+                raise PlanError(f"{p}: field 'launches[{i}].{k}'", f"is {str(v)[:60]!r}, expected "
+                                f"{'a finite number >= 0' if t is float else 'a string'}", "move the file away")
+    return recs
+
+
+def ledger_total_s(records: list[dict[str, Any]], plan_hash: str, skip: set[str | None] | None = None) -> float:
+    """The most budget seconds any record of this plan (but those in `skip`) says the run had used by its end."""
+    return max((float(r["carried_s"]) + float(r["spent_s"]) for r in records
+                if r["plan_hash"] == plan_hash and r["id"] not in (skip or set())), default=0.0)
+
+
+def live_record(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The record of the launch that is running now: node rank 0's `nanoplan run`, which holds the
+    run dir's launch lock. On a multi-node run, global rank 0 may live on another node (c10d orders
+    the nodes by arrival), whose own launch id has no record: this one is the same launch."""
+    from runner.runlock import LAUNCH_LOCK, probe
+
+    holder = probe(Path(run_dir), LAUNCH_LOCK)
+    if not holder:
+        return None
+    return next((r for r in reversed(records) if r.get("pid") == holder.get("pid")
+                 and r.get("host") == holder.get("host") and r["state"] == "running"), None)
+
+
+def spent_before_s(run_dir: Path, plan_hash: str) -> float:
+    """Budget seconds this plan's run in RUN_DIR had used: the most that the ledger, any complete
+    checkpoint of this plan, or metrics.jsonl (when run_info.json names this plan) records."""
+    from runner import checkpoint as ck
+    from runner.metrics import RUN_INFO, read_json, read_metrics
+
+    best = ledger_total_s(read_ledger(run_dir), plan_hash)
+    for s in ck.complete_steps(run_dir):
+        meta = ck.read_meta(ck.step_dir(run_dir, s)) or {}
+        h = meta.get("elapsed_hours")
+        if meta.get("plan_hash") == plan_hash and _finite(h):
+            best = max(best, float(h) * 3600.0)
+    info = read_json(Path(run_dir) / RUN_INFO) or {}
+    if info.get("plan_hash") in (None, plan_hash):
+        for row in read_metrics(run_dir):
+            h = row.get("elapsed_hours") if isinstance(row, dict) else None
+            if _finite(h):
+                best = max(best, float(h) * 3600.0)
+    return best
+
+
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """Add or replace (by id) one launch record; atomic. Raises OSError on a failed write."""
+    p = Path(run_dir) / LEDGER
+    try:
+        recs = [r for r in read_ledger(run_dir) if r["id"] != record["id"]]
+    except PlanError:
+        recs = []
+    recs.append(record)
+    atomic_write_text(p, json.dumps({"launches": recs}, indent=1) + "\n")
+
+
+def own_record(run_dir: Path, launch_id: str | None) -> dict[str, Any] | None:
+    if not launch_id:
+        return None
+    return next((r for r in read_ledger(run_dir) if r["id"] == launch_id), None)

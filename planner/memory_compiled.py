@@ -24,7 +24,7 @@ projection's output in place of the block's two fp32 normalised inputs (measured
 positions it does not).
 
 The backward is not knowable on CPU: inductor fuses kernels and reuses buffers. Two plausible
-liveness walks differ by 3.7 GiB at d20 B32 (DESIGN.md §7). This model takes the conservative
+liveness walks differ by 3.7 GiB at d20 B32 (docs/sources.md §7). This model takes the conservative
 one: no saved tensor of a block is freed before that block's backward ends, and the backward's
 temporaries are those of the eager kernels (planner.memory's walk, unfused). The loss backward
 holds the fp32 gradient of the logits beside its bf16 cast. See docs/memory.md.

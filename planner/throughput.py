@@ -49,7 +49,7 @@ from planner.spec import ModelSpec
 OVERLAP = 0.8            # assumption: fraction of the last backward that can hide communication
 LINK_EFFICIENCY = 0.8    # assumption: achieved / nominal link bandwidth for large NCCL rings
 HBM_EFFICIENCY = 0.9     # achieved / nominal HBM bandwidth: device-to-device copies measured at 3.0 of 3.35 TB/s
-                         # on H100 and 4.3 of 4.8 TB/s on H200 (DESIGN.md section 4)
+                         # on H100 and 4.3 of 4.8 TB/s on H200 (docs/sources.md §4)
 ADAMW_ACCESSES = 7       # torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, ...) (torch/optim/adam.py):
                          # reads p, g, m, v and updates p, m, v in place (amsgrad off); state in the param dtype
 CLIP_ACCESSES = 3        # clip_grad_norm_: the norm reads each gradient, _foreach_mul_ reads and writes it

@@ -1,4 +1,4 @@
-"""Budget maths on the worked example of DESIGN.md s1 ($1000, 8 GPUs at $4/h = 31.25 h)."""
+"""Budget maths on the worked example of docs/sources.md §1 ($1000, 8 GPUs at $4/h = 31.25 h)."""
 
 import pytest
 

@@ -26,12 +26,6 @@ def _anchors(path: Path) -> set[str]:
     return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.*)$", text, re.M)}
 
 
-def _pending(target: Path) -> bool:
-    """docs/memory.md and docs/reliability.md are written on other branches; until they land, their
-    prose waits in docs/<name>-notes.md and a link to them is allowed."""
-    return target.parent == REPO / "docs" and (target.parent / f"{target.stem}-notes.md").exists()
-
-
 def links(path: Path) -> list[str]:
     """The link targets of a markdown file, outside code blocks."""
     return _LINK.findall(_FENCE.sub("", path.read_text()))
@@ -48,8 +42,7 @@ def test_relative_links_resolve() -> None:
             dest = (path.parent / file_part).resolve() if file_part else path
             checked += 1
             if not dest.exists():
-                if not _pending(dest):
-                    broken.append(f"{path.relative_to(REPO)}: {target} (no such file)")
+                broken.append(f"{path.relative_to(REPO)}: {target} (no such file)")
                 continue
             if anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{path.relative_to(REPO)}: {target} (no such heading)")
@@ -69,7 +62,7 @@ def test_every_doc_is_reachable_from_the_readme() -> None:
             file_part = target.partition("#")[0]
             if file_part.endswith(".md") and not re.match(r"^[a-z]+:", file_part):
                 todo.append((path.parent / file_part).resolve())
-    docs = {p for p in (REPO / "docs").glob("*.md") if not p.stem.endswith("-notes")}
+    docs = set((REPO / "docs").glob("*.md"))
     assert not docs - seen, sorted(str(p.relative_to(REPO)) for p in docs - seen)
 
 

@@ -38,7 +38,7 @@ def test_sharding_divides_states() -> None:
 
 
 def test_d64_does_not_fit_ddp_on_80gb() -> None:
-    # DESIGN.md s1: 12.9B params with AdamW under DDP is ~206 GB per GPU.
+    # docs/sources.md §1: 12.9B params with AdamW under DDP is ~206 GB per GPU.
     p = build_plan(PlanRequest(gpu="8xH100", profile=find_profile("H100"), model=nanochat(64),
                                device_batch_size=1, hours=1))
     assert not p.memory.fits

@@ -31,7 +31,7 @@ def test_nanochat_formula_12Ld2_plus_2Vd() -> None:
 
 
 def test_guide_examples_are_wrong() -> None:
-    # "depth 64, dim 4096 = ~4.3B": really 12.9B in the blocks alone (DESIGN.md s1).
+    # "depth 64, dim 4096 = ~4.3B": really 12.9B in the blocks alone (docs/sources.md §1).
     assert n_params(nanochat(64)) > 12.9e9
     # "1B: n_embd 1536, n_layer 24, vocab 50000" is about 0.76B.
     s = style_spec("gpt2", 24, 1024, 50000).model_copy(update={"d_model": 1536, "n_head": 12, "d_ff": 4 * 1536})

@@ -65,7 +65,8 @@ def expected(name: str) -> dict[str, float]:
     return {"tps": tps, "mfu": mfu, "used": len(kept_steps), "first": kept_steps[0], "ws": ws,
             "n_params": plan["model"]["n_params"], "tokens_per_step": plan["schedule"]["tokens_per_step"],
             "flops": plan["model"]["flops_per_token"], "peak": plan["throughput"]["peak_flops_per_gpu"],
-            "comm": plan["throughput"]["comm_seconds"]}
+            "comm": plan["throughput"]["comm_seconds"], "micro_batch": plan["training"]["device_batch_size"],
+            "strategy": plan["training"]["strategy"]}
 
 
 CPU_HBM_BYTES_S = 0.02e12 * 0.9   # CPU profile hbm_tb_s × throughput.HBM_EFFICIENCY
@@ -176,7 +177,8 @@ def test_calibrate_writes_profile_and_estimate_uses_it(tmp_path: Path) -> None:
     for name in RUNS:
         x = e[name]
         args = ["estimate", "--profile", str(out), "--gpu", f"{x['ws']}xCPU", *MODEL_ARGS[name], "--seq-len", "64",
-                "--vocab-size", "256", "--steps", "40", "--total-batch-tokens", str(x["tokens_per_step"]), "--json"]
+                "--vocab-size", "256", "--steps", "40", "--total-batch-tokens", str(x["tokens_per_step"]),
+                "--device-batch-size", str(x["micro_batch"]), "--strategy", x["strategy"], "--json"]   # the run's setting
         before = json.loads(nanoplan(*[a for a in args if a not in ("--profile", str(out))]).stdout)
         res = nanoplan(*args)
         assert res.returncode == 0, res.stderr

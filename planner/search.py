@@ -14,9 +14,9 @@ model with headroom and ranks them by an objective:
 - chinchilla: the model whose fastest setting lands closest to 20 tokens/param (in ratio),
   then that fastest setting.
 
-Ties on the objective go to the simpler settings: ddp before zero1/zero2/fsdp, no
-checkpointing before checkpointing, then the bigger micro-batch. On several GPUs zero1 comes
-first: it keeps 1/dp of the optimizer state per GPU and its only extra cost, the broadcast of the
+Ties on the objective go to the simpler settings: no checkpointing before checkpointing, then
+the bigger micro-batch (fewer accumulation steps), then ddp before zero1/zero2/fsdp. On several
+GPUs zero1 comes before ddp: it keeps 1/dp of the optimizer state per GPU and its only extra cost, the broadcast of the
 updated parameters, is modelled (planner/throughput.py), so where that keeps it within
 SETTINGS_TOL of the fastest it is the default (a pinned --strategy ddp still stands; CPU
 profiles keep ddp first). Within one model and run
@@ -206,10 +206,10 @@ def zero1_first(hw: Hardware) -> bool:
 
 
 def tie_break(c: Candidate, shard_first: bool = False) -> tuple:
-    """Simpler first: ddp before sharding (`shard_first`, several GPUs: zero1, then ddp), no
-    checkpointing first, bigger micro-batch first."""
+    """Simpler first: no checkpointing first, then the bigger micro-batch (fewer accumulation steps), then
+    the simpler strategy (ddp before sharding; `shard_first`, several GPUs: zero1, then ddp)."""
     rank = MULTI_GPU_RANK if shard_first else STRATEGY_RANK
-    return (rank[c.strategy], c.activation_checkpointing, -c.device_batch)
+    return (c.activation_checkpointing, -c.device_batch, rank[c.strategy])
 
 
 def objective_key(objective: str, c: Candidate) -> tuple:
@@ -830,9 +830,8 @@ def why_settings(result: SearchResult, best: Candidate) -> list[str]:
     if fastest.step_seconds < best.step_seconds:
         out.append(f"Settings: the fastest, {fastest.settings_label} at micro-batch {fastest.device_batch}, would be "
                    f"{_pct(fastest.tokens_per_sec / best.tokens_per_sec - 1)} faster; settings within {tol} of the "
-                   "fastest are a tie the step-time model cannot resolve, won by the simplest ("
-                   + ("zero1, then ddp" if zero1_first(result.hw) else "ddp")
-                   + ", no checkpointing, the biggest micro-batch).")
+                   "fastest are a tie the step-time model cannot resolve, won by the simplest (no checkpointing, the biggest micro-batch, then "
+                   + ("zero1, then ddp" if zero1_first(result.hw) else "ddp") + ").")
     # strategy
     if best.strategy == "ddp":
         if result.hw.num_gpus > 1:

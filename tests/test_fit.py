@@ -80,6 +80,9 @@ def test_with_strategy_and_micro_batch_open_a_fitting_model_gets_the_searchs_set
     simple = build_plan(PlanRequest.model_validate({**base(), "model": depth(20)}))
     assert simple.memory.fits and plan.throughput.step_seconds < simple.throughput.step_seconds
     assert plan.budget.usd == pytest.approx(simple.budget.usd) and any(w.startswith("Micro-batch ") for w in why)
+    # issue 12's goal: nanochat's d20 setting, micro-batch 32 × 1 on 8×H100 without checkpointing, compiled, fits
+    assert (plan.training.device_batch_size, plan.training.grad_accum_steps, plan.training.activation_checkpointing,
+            plan.training.compile, plan.memory.fits) == (32, 1, False, True, True)
     plan, why, result = fit_model(depth(20), base("H100"), strategy=None, ac=None)   # one GPU: nothing to shard
     assert (plan.training.strategy, why, result) == ("ddp", [], None)
 

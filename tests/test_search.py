@@ -164,13 +164,13 @@ def test_each_objective_matches_brute_force(budget) -> None:
                                       -p.schedule.total_tokens, p.throughput.step_seconds)
     hw = parse_gpu_spec("8xH100")
     for obj, key in key_of.items():
-        want = min(rows, key=lambda r, key=key: (*key(r[4]), simple[r[2]], r[3], -r[1]))
+        want = min(rows, key=lambda r, key=key: (*key(r[4]), r[3], -r[1], simple[r[2]]))
         got = search(SMALL, hw, Length(budget_usd=budget), objective=obj, settings_tol=0).best
         assert (got.spec, got.device_batch, got.strategy, got.activation_checkpointing) == want[:4], obj
         # by default, settings of the same model within SETTINGS_TOL of its best step time tie: the simplest wins
         limit = want[4].throughput.step_seconds * (1 + SETTINGS_TOL)
         simplest = min((r for r in rows if r[0] == want[0] and r[4].throughput.step_seconds <= limit),
-                       key=lambda r: (simple[r[2]], r[3], -r[1]))
+                       key=lambda r: (r[3], -r[1], simple[r[2]]))
         got = search(SMALL, hw, Length(budget_usd=budget), objective=obj).best
         assert (got.spec, got.device_batch, got.strategy, got.activation_checkpointing) == simplest[:4], obj
 
@@ -205,11 +205,12 @@ def cand(strategy="ddp", ac=False, b=8, loss=2.5) -> Candidate:
 
 def test_tie_break_order() -> None:
     pool = [cand("fsdp", False, 32), cand("zero1", False, 32), cand("ddp", True, 32), cand("ddp", False, 4),
-            cand("ddp", False, 16), cand("zero2", True, 1)]
+            cand("ddp", False, 16), cand("zero2", True, 1), cand("ddp", False, 32)]
     ranked = sorted(pool, key=lambda c: rank_key("loss", c))
+    # no checkpointing first, then the biggest micro-batch (fewer accumulation steps), then the simpler strategy
     assert [(c.strategy, c.activation_checkpointing, c.device_batch) for c in ranked] == [
-        ("ddp", False, 16), ("ddp", False, 4), ("ddp", True, 32), ("zero1", False, 32), ("zero2", True, 1),
-        ("fsdp", False, 32)]
+        ("ddp", False, 32), ("zero1", False, 32), ("fsdp", False, 32), ("ddp", False, 16), ("ddp", False, 4),
+        ("ddp", True, 32), ("zero2", True, 1)]
     # the objective comes first: a better loss wins over simpler settings
     assert sorted([cand("ddp", loss=2.6), cand("fsdp", True, 1, loss=2.5)], key=lambda c: rank_key("loss", c))[0].strategy == "fsdp"
 

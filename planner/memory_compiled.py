@@ -60,8 +60,9 @@ from planner.memory import (
 
 def _norm_site(D: _Dims) -> int:
     """Per token, a norm whose output feeds a matmul: normalised fp32 input (or the bf16
-    residual) r·d, the matmul's bf16 input a·d (not in fp32), the rstd."""
-    return D.r * D.d + (D.a * D.d if D.a < F32 else 0) + F32
+    residual) r·d, the matmul's input a·d (a bf16 cast; in fp32 only a weighted norm's output,
+    γ·x̂ + β, differs from what the norm's backward recomputes from its input), the rstd."""
+    return D.r * D.d + (D.a * D.d if D.a < F32 or D.norm_w else 0) + F32
 
 
 def _attn_saved(D: _Dims) -> int:

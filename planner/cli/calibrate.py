@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -44,28 +45,31 @@ def _err(pred: float, meas: float | None) -> float | None:
     return None if not meas else (pred - meas) / meas
 
 
-def _table(ms: list[Measurement], after: list[Plan]) -> Table:
-    t = Table(title="Predicted vs measured (steady state)", title_justify="left")
-    for col, just in (("run", "left"), ("model", "left"), ("GPUs", "right"), ("metric", "left"),
-                      ("plan", "right"), ("measured", "right"), ("error", "right"),
-                      ("calibrated", "right"), ("error", "right")):
-        t.add_column(col, justify=just)  # type: ignore[arg-type]
+def _tables(ms: list[Measurement], after: list[Plan]) -> list[Table]:
+    """One table per run, titled with its name, model and GPUs; numbers are never cut."""
+    out = []
     for m, a in zip(ms, after, strict=True):
-        first = [Path(m.run_dir).name, f"{m.model} ({fmt_count(m.n_params)})", str(m.num_gpus)]
+        t = Table(title=f"{Path(m.run_dir).name}: {m.model} ({fmt_count(m.n_params)} params), {m.num_gpus} "
+                  f"GPU{'s' if m.num_gpus > 1 else ''}", title_justify="left", box=box.SIMPLE_HEAD,
+                  pad_edge=False, show_edge=False)
+        for col, just in (("metric", "left"), ("plan", "right"), ("measured", "right"), ("error", "right"),
+                          ("calibrated", "right"), ("error", "right")):
+            t.add_column(col, justify=just, no_wrap=True)  # type: ignore[arg-type]
         rows = [
             ("tokens/s", m.predicted_tokens_per_sec, m.tokens_per_sec, a.throughput.tokens_per_sec, "{:,.0f}"),
             ("MFU (model FLOPs)", m.predicted_effective_mfu, m.mfu, a.throughput.effective_mfu, "{:.2%}"),
         ]
-        for i, (name, pred, meas, cal, f) in enumerate(rows):
-            t.add_row(*(first if i == 0 else ["", "", ""]), name, f.format(pred), f.format(meas),
-                      _pct(_err(pred, meas)), f.format(cal), _pct(_err(cal, meas)))
+        for name, pred, meas, cal, f in rows:
+            t.add_row(name, f.format(pred), f.format(meas), _pct(_err(pred, meas)), f.format(cal),
+                      _pct(_err(cal, meas)))
         mem = m.measured_memory_bytes
         label = "peak memory (reserved)" if m.max_memory_reserved else "peak memory (allocated)"
-        t.add_row("", "", "", label if mem else "peak memory", fmt_bytes(m.predicted_memory_bytes),
+        t.add_row(label if mem else "peak memory", fmt_bytes(m.predicted_memory_bytes),
                   fmt_bytes(mem) if mem else "n/a (no CUDA)", _pct(_err(m.predicted_memory_bytes, mem)),
                   fmt_bytes(a.memory.per_gpu_bytes), _pct(_err(a.memory.per_gpu_bytes, mem)))
-        t.add_row("", "", "", "steps used", "", f"{m.steps_used} of {m.steps_logged}", "", "", "", end_section=True)
-    return t
+        t.add_row("steps used", "", f"{m.steps_used} of {m.steps_logged}", "", "", "")
+        out.append(t)
+    return out
 
 
 @app.command(epilog=examples(
@@ -101,7 +105,9 @@ def calibrate(
         typer.echo(json.dumps({"runs": runs, "profile": prof.model_dump(mode="json"), "written": out}, indent=2))
         return
     console = Console()
-    console.print(_table(ms, after))
+    console.print("[bold]Predicted vs measured (steady state)[/bold]")
+    for t in _tables(ms, after):
+        console.print(t)
     for w in (w for m in ms for w in m.warnings):
         console.print(f"[yellow]warning: {w}[/yellow]")
     console.print(f"Calibrated {base.name}: default_mfu {base.default_mfu:.2%} -> {prof.default_mfu:.2%}; MFU curve "

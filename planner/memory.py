@@ -694,17 +694,8 @@ def _step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: s
     _block_bw(D, b, N, mode)
     if ckpt and D.nx != D.r:
         b.free(D.r * D.d * N, "activations")        # the checkpoint's saved input, once its backward ends
-    best: tuple[int, dict[str, int]] = (-1, {})
-    for i in (0, L - 1):
-        lv = k.level + i * b.level + b.peak
-        if lv > best[0]:
-            keys = set(k.kinds or {}) | set(b.kinds or {}) | set(b.at_peak)
-            best = (lv, {key: (k.kinds or {}).get(key, 0) + i * (b.kinds or {}).get(key, 0) + b.at_peak.get(key, 0)
-                         for key in keys})
-    out["backward_layers"] = best
-    ekinds = {key: (k.kinds or {}).get(key, 0) + L * (b.kinds or {}).get(key, 0)
-              for key in set(k.kinds or {}) | set(b.kinds or {})}
-    e = _Walk(k.level + L * b.level, ekinds, shard)
+    out["backward_layers"] = layers_peak(k, b, L)
+    e = _Walk(*after_layers(k, b, L), shard)
     _embedding_bw(D, e, N, mode)
     out["backward_end"] = (e.peak, e.at_peak)
     # optimizer step: parameters, gradients (the DDP bucket), state, the step's temporaries
@@ -735,6 +726,25 @@ def _state_cut(m: _Model, strategy: str, dp: int, w: int, spec: ModelSpec) -> in
     if strategy == "fsdp":
         cut += m.params - m.params // dp
     return cut - sharded_extra(strategy, spec, w, dp)[1]
+
+
+def layers_peak(k: Any, b: Any, L: int) -> tuple[int, dict[str, int]]:
+    """The peak inside the blocks' backward: the walk `k` up to the first block's backward, then
+    block walk `b` at the top (i = 0) or bottom (i = L - 1) of the stack; every count is linear."""
+    best: tuple[int, dict[str, int]] = (-1, {})
+    for i in (0, L - 1):
+        lv = k.level + i * b.level + b.peak
+        if lv > best[0]:
+            keys = set(k.kinds or {}) | set(b.kinds or {}) | set(b.at_peak)
+            best = (lv, {key: (k.kinds or {}).get(key, 0) + i * (b.kinds or {}).get(key, 0) + b.at_peak.get(key, 0)
+                         for key in keys})
+    return best
+
+
+def after_layers(k: Any, b: Any, L: int) -> tuple[int, dict[str, int]]:
+    """Level and kinds once all L blocks' backward has run."""
+    return k.level + L * b.level, {key: (k.kinds or {}).get(key, 0) + L * (b.kinds or {}).get(key, 0)
+                                   for key in set(k.kinds or {}) | set(b.kinds or {})}
 
 
 def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,

@@ -53,6 +53,8 @@ from planner.memory import (
     _shift,
     _upper_envelope,
     _Walk,
+    after_layers,
+    layers_peak,
 )
 
 # --------------------------------------------------------------------------- saved tensors
@@ -254,17 +256,8 @@ def step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: st
     out["backward_start"] = (k.peak, k.at_peak)
     b = _HoldWalk(0, {}, shard)
     _block_walk(m, b, N, mode, ckpt, None if saved is None else saved[1])
-    best: tuple[int, dict[str, int]] = (-1, {})
-    for i in (0, L - 1):
-        lv = k.level + i * b.level + b.peak
-        if lv > best[0]:
-            keys = set(k.kinds or {}) | set(b.kinds or {}) | set(b.at_peak)
-            best = (lv, {key: (k.kinds or {}).get(key, 0) + i * (b.kinds or {}).get(key, 0) + b.at_peak.get(key, 0)
-                         for key in keys})
-    out["backward_layers"] = best
-    ekinds = {key: (k.kinds or {}).get(key, 0) + L * (b.kinds or {}).get(key, 0)
-              for key in set(k.kinds or {}) | set(b.kinds or {})}
-    e = _HoldWalk(k.level + L * b.level, ekinds, shard)
+    out["backward_layers"] = layers_peak(k, b, L)
+    e = _HoldWalk(*after_layers(k, b, L), shard)
     _embedding_bw(m.D, e, N, mode)
     out["backward_end"] = (e.peak, e.at_peak)
     grads = m.params // shard

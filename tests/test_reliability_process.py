@@ -176,7 +176,7 @@ def test_ctrl_c_in_the_first_seconds_stops_the_run(tmp_path: Path, tiny_plan) ->
     worker exists (before it has imported torch, let alone installed its handlers): the run stops
     after one step with a checkpoint and exit 0 -- no worker killed, no torchrun restart."""
     plan = tiny_plan(steps=100_000)
-    early = start(plan, tmp_path / "early")
+    early = start(plan, tmp_path / "early", env={"NANOPLAN_PREFLIGHT_DELAY_S": "30"})   # SIGINT lands in it
     try:   # `nanoplan run` catches signals from the start of its command, before the preflight
         wait_for(lambda: handles_sigterm(early.pid), timeout=60, what="the launcher's handlers")
         assert not workers_of(early)

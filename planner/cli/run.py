@@ -111,6 +111,10 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
     from runner.preflight import run_preflight  # noqa: PLC0415
 
     pf = run_preflight(plan, plan_path, Path(rdir), data, resume)
+    if (hold := _env_float("NANOPLAN_PREFLIGHT_DELAY_S", 0.0)) > 0:   # test hook: a slow preflight
+        import time  # noqa: PLC0415
+
+        time.sleep(hold)
     for note in pf.notes:
         typer.echo(f"note: {note}", err=True)
     if pf.problems:

@@ -881,7 +881,7 @@ def _profile(spec: ModelSpec, precision: Precision, optimizer: Optimizer, ckpt: 
              n_chunks_is_2: bool, mode: str, base_grads: int, shard: int) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     """Each phase's peak as an upper envelope of lines in N (DDP-state, gradients sharded)."""
     m = _model(spec, precision, optimizer)
-    D, L = m.D, m.L
+    D = m.D
     fixed = m.params + m.buffers + m.optimizer_state
     acts, _head, loss = _saved(m, 1j, ckpt, chunk)
     level0 = _line(fixed + base_grads + acts + loss)
@@ -894,9 +894,20 @@ def _profile(spec: ModelSpec, precision: Precision, optimizer: Optimizer, ckpt: 
         re = _line(_recomputed(D, 1j))
         block_env = tuple(_shift(block_env, re))
         delta = (delta[0] + re[0], delta[1] + re[1] - (D.r * D.d if D.nx != D.r else 0))
+    return phase_envelopes(m, shard, forward, level0, loss_env, top, block_env, delta,
+                           _embedding_part(D, mode, shard)[0])
+
+
+def phase_envelopes(m: _Model, shard: int, forward: Line, level0: Line, loss_env: tuple[Line, ...], top: Line,
+                    block_env: tuple[Line, ...], delta: Line,
+                    emb_env: tuple[Line, ...]) -> tuple[tuple[str, tuple[Line, ...]], ...]:
+    """Each phase's upper envelope from the walk's parts (eager or compiled): the loss's backward from
+    level0, one block's backward at the top and bottom of the stack (each block nets `delta`), the
+    embedding's backward after all L blocks, and the optimizer step."""
+    L = m.L
     bottom = (top[0] + (L - 1) * delta[0], top[1] + (L - 1) * delta[1])
     end = (top[0] + L * delta[0], top[1] + L * delta[1])
-    emb_env, _ = _embedding_part(D, mode, shard)
+    fixed = m.params + m.buffers + m.optimizer_state
     return (
         ("forward_end", (forward,)),
         ("backward_start", _upper_envelope([level0, *_shift(loss_env, level0)])),

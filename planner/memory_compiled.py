@@ -50,11 +50,10 @@ from planner.memory import (
     _norm_bw,
     _part,
     _Rec,
-    _shift,
-    _upper_envelope,
     _Walk,
     after_layers,
     layers_peak,
+    phase_envelopes,
 )
 
 # --------------------------------------------------------------------------- saved tensors
@@ -280,7 +279,6 @@ def _fold(kinds: dict[str, int]) -> dict[str, int]:
 def profile(m: _Model, ckpt: bool, chunk: int, n_chunks_is_2: bool, mode: str, base_grads: int,
             shard: int) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     """Each phase's peak as an upper envelope of lines in N (as planner.memory._profile)."""
-    L = m.L
     fixed = m.params + m.buffers + m.optimizer_state
     level0 = _line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j)
     forward = _line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j + _loss_fw(m, 1j, chunk))
@@ -291,15 +289,6 @@ def profile(m: _Model, ckpt: bool, chunk: int, n_chunks_is_2: bool, mode: str, b
     rec = _HoldRec(shard)
     _block_walk(m, rec, 1j, mode, ckpt)
     block_env, delta = _part(rec)
-    bottom = (top[0] + (L - 1) * delta[0], top[1] + (L - 1) * delta[1])
-    end = (top[0] + L * delta[0], top[1] + L * delta[1])
     rec = _HoldRec(shard)
     _embedding_bw(m.D, rec, 1j, mode)
-    emb_env, _ = _part(rec)
-    return (
-        ("forward_end", (forward,)),
-        ("backward_start", _upper_envelope([level0, *_shift(loss_env, level0)])),
-        ("backward_layers", _upper_envelope(_shift(block_env, top) + _shift(block_env, bottom))),
-        ("backward_end", _upper_envelope([end, *_shift(emb_env, end)])),
-        ("optimizer_step", (_line(fixed + m.params // shard + 2 * I64 * 1j + m.muon),)),
-    )
+    return phase_envelopes(m, shard, forward, level0, loss_env, top, block_env, delta, _part(rec)[0])

@@ -25,36 +25,24 @@ from typing import Any
 
 from planner.errors import PlanError
 from planner.plan import atomic_write_text
+from runner.runfiles import Ledger, problem_of, read_json_file
 
 LEDGER = "launches.json"
 HEARTBEAT_S = 1.0
-_FIELDS = {"id": str, "plan_hash": str, "host": str, "carried_s": float, "spent_s": float, "state": str}
 
 
 def read_ledger(run_dir: Path) -> list[dict[str, Any]]:
     """The records of RUN_DIR/launches.json ([] when there is none); a malformed file is refused."""
     p = Path(run_dir) / LEDGER
-    if not p.exists():
+    data, problem = read_json_file(p)
+    if problem is None and data is None:
         return []
-    try:
-        data = json.loads(p.read_text(encoding="utf-8"), parse_constant=lambda c: math.nan)
-    except (OSError, ValueError, UnicodeDecodeError) as e:
-        raise PlanError(str(p), f"is not readable JSON ({str(e)[:120]})",
-                        "move it away; the run then counts only what metrics.jsonl and the checkpoints say") from None
-    recs = data.get("launches") if isinstance(data, dict) else None
-    if not isinstance(recs, list):
-        raise PlanError(f"{p}: field 'launches'", "must be a list", "move the file away")
-    for i, r in enumerate(recs):
-        if not isinstance(r, dict):
-            raise PlanError(f"{p}: field 'launches[{i}]'", "must be an object", "move the file away")
-        for k, t in _FIELDS.items():
-            v = r.get(k)
-            ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
-                  if t is float else isinstance(v, str))
-            if not ok:
-                raise PlanError(f"{p}: field 'launches[{i}].{k}'", f"is {str(v)[:60]!r}, expected "
-                                f"{'a finite number >= 0' if t is float else 'a string'}", "move the file away")
-    return recs
+    if problem is None:
+        problem = problem_of(Ledger, data, str(p))[1]
+    if problem is not None:
+        raise PlanError(str(p), problem.removeprefix(f"{p}: "),
+                        "move it away; the run then counts only what metrics.jsonl and the checkpoints say")
+    return data["launches"]
 
 
 def ledger_total_s(records: list[dict[str, Any]], plan_hash: str, skip: set[str | None] | None = None) -> float:

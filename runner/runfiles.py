@@ -88,6 +88,21 @@ class RunInfo(_Open):
     segments: list[Segment] = []
 
 
+class LaunchRecord(_Open):
+    """One launch in launches.json (runner/ledger.py)."""
+
+    id: str = Field(strict=True)
+    plan_hash: str = Field(strict=True)
+    host: str = Field(strict=True)
+    state: str = Field(strict=True)
+    carried_s: float = Field(ge=0, strict=True, **Fin)
+    spent_s: float = Field(ge=0, strict=True, **Fin)
+
+
+class Ledger(_Open):
+    launches: list[LaunchRecord]
+
+
 class Best(_Closed):
     step: int = Field(ge=0, le=MAX_INT, strict=True)
     val_loss: MaybeFloat

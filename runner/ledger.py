@@ -98,9 +98,3 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> None:
         recs = []
     recs.append(record)
     atomic_write_text(p, json.dumps({"launches": recs}, indent=1) + "\n")
-
-
-def own_record(run_dir: Path, launch_id: str | None) -> dict[str, Any] | None:
-    if not launch_id:
-        return None
-    return next((r for r in read_ledger(run_dir) if r["id"] == launch_id), None)

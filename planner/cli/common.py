@@ -5,7 +5,7 @@ from __future__ import annotations
 from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
 from planner.profiles import HardwareProfile, load_profile_file, parse_gpu_spec
-from planner.spec import ModelSpec, nanochat, preset, style_spec
+from planner.spec import ModelSpec, preset, style_spec
 from planner.units import parse_count
 
 
@@ -52,10 +52,6 @@ def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta
     if meta is not None and toks is None:
         toks = meta.train_tokens or None
     return meta, toks
-
-
-def default_nanochat(seq_len: int | None, vocab: int | None) -> ModelSpec:
-    return nanochat(20, seq_len or 2048, vocab or 65536)
 
 
 # ---------------------------------------------------------------- help text shared by the commands

@@ -228,8 +228,4 @@ def schema() -> None:
     typer.echo(json.dumps(Plan.model_json_schema(), indent=2))
 
 
-def parse_tokens(text: str) -> int:
-    return parse_count(text, "--dataset-tokens")
-
-
 __all__ = ["estimate", "profiles", "schema", "PlanError"]

@@ -18,7 +18,7 @@ import time
 
 def cold_estimate(repeats: int, *extra: str) -> tuple[list[float], list[float]]:
     """(wall seconds, CPU seconds user+sys) per cold run; CPU time is steadier on a shared machine."""
-    cmd = [sys.executable, "-m", "planner.cli", "estimate", "--gpu", "8xH100", "--budget", "1000", *extra]
+    cmd = [sys.executable, "-m", "nanoplan", "estimate", "--gpu", "8xH100", "--budget", "1000", *extra]
     walls, cpus = [], []
     for _ in range(repeats):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -3,7 +3,7 @@
 Usage: python benchmarks/memory_accuracy.py [--quick] [--out-dir benchmarks/results]
 
 Each row traces two training steps of runner/model.py + runner/step.py under FakeTensorMode on
-CPU with MemTracker (planner.trace.trace_memory, CUDA kernel semantics) and compares the peak
+CPU with MemTracker (runner.trace.trace_memory, CUDA kernel semantics) and compares the peak
 with planner.memory.estimate. The grid spans styles nanochat/gpt2/llama, depth 4-32,
 micro-batch 1-32, seq 256-4096, fp32 / bf16 autocast, AdamW / Muon, activation checkpointing
 on/off, chunked loss on/off, gradient accumulation 1 and >1, and one rank of DDP with dp=1 or
@@ -56,7 +56,7 @@ GRID = [
     ("llama", 16, 4096, 2, 4096, "bf16-autocast", True, "muon", 1, 1),
     ("llama", 32, 2048, 1, 0, "bf16-autocast", False, "adamw", 1, 8),
     ("llama", 24, 1024, 32, 4096, "fp32", True, "adamw", 1, 8),
-    # one rank of each sharded strategy (dp=8): traced as DDP, sharded parts divided by dp (planner/trace.py)
+    # one rank of each sharded strategy (dp=8): traced as DDP, sharded parts divided by dp (runner/trace.py)
     ("nanochat", 20, 2048, 16, 4096, "bf16-autocast", False, "adamw", 2, 8, "zero1"),
     ("nanochat", 20, 2048, 16, 4096, "bf16-autocast", False, "adamw", 2, 8, "zero2"),
     ("nanochat", 20, 2048, 16, 4096, "bf16-autocast", False, "adamw", 2, 8, "fsdp"),
@@ -65,7 +65,7 @@ GRID = [
     ("llama", 16, 2048, 4, 0, "bf16-autocast", True, "muon", 1, 8, "fsdp"),
 ]
 QUICK = [0, 2, 9, 15, 16, 23]
-# compiled rows (compile on, as GPU plans run): the same grid, the capture of planner/compiled_trace.py in the
+# compiled rows (compile on, as GPU plans run): the same grid, the capture of runner/compiled_trace.py in the
 # compiled walk against planner/memory_compiled.py; d32 B8 and d20 B32 are nanochat's own GPU configurations
 COMPILED = [r for r in GRID if r[0] != "nanochat" or r[1] < 20] + [
     ("nanochat", 20, 2048, 32, 4096, "bf16-autocast", False, "adamw", 1, 8),
@@ -85,7 +85,7 @@ def gib(n: float) -> str:
 def run_memory(rows: list[tuple], compiled: bool = False) -> list[dict]:
     from planner.memory import _model
     from planner.memory_compiled import saved_bytes
-    from planner.trace import trace_memory
+    from runner.trace import trace_memory
 
     out = []
     for i, (style, depth, seq, b, chunk, prec, ckpt, opt, accum, dp, *rest) in enumerate(rows, 1):
@@ -114,7 +114,7 @@ def run_memory(rows: list[tuple], compiled: bool = False) -> list[dict]:
 
 
 def run_flops() -> list[dict]:
-    from planner.trace import meta_param_count, trace_flops
+    from runner.trace import meta_param_count, trace_flops
 
     out = []
     for name in FLOP_MODELS:
@@ -141,7 +141,7 @@ def compiled_markdown(rows: list[dict]) -> list[str]:
         "",
         "## Compiled step (compile on, as GPU plans run)",
         "",
-        "Traced: planner/compiled_trace.py compiles the runner's model with inductor on CPU (CUDA semantics: "
+        "Traced: runner/compiled_trace.py compiles the runner's model with inductor on CPU (CUDA semantics: "
         "fused rms_norm in fp32, flash-attention SDPA, CUDA autocast's fp32 pow) and reads the tensors "
         "AOTAutograd's partitioner saves for backward, each base buffer once. The traced peak puts those "
         "captured bytes in planner/memory_compiled.py's conservative backward walk (saved tensors held to "
@@ -182,7 +182,7 @@ def markdown(mem: list[dict], flops: list[dict], wall: float, cmd: str) -> str:
         "Traced: two training steps of the runner (runner/model.py, runner/step.py: build_optimizer, "
         "train_step, autocast, the model's chunked loss and checkpointing, gradient accumulation) under "
         "FakeTensorMode on CPU with MemTracker, CUDA kernel semantics, one rank's DDP state "
-        "(planner/trace.py). Analytic: planner.memory.estimate. Bytes are allocated peaks per GPU "
+        "(runner/trace.py). Analytic: planner.memory.estimate. Bytes are allocated peaks per GPU "
         "(no CUDA context, NCCL or fragmentation, which are the profile's overhead terms). "
         "Sharded rows (zero1, zero2, fsdp) trace the same step as DDP and divide the sharded categories "
         "(zero1: optimizer state; zero2: + gradients; fsdp: + parameters) by dp at every moment of the "

@@ -22,7 +22,6 @@ else RUN_DIR/plan.json; its hash should match run_info.json's plan_hash), and:
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 import math
 import re
@@ -36,7 +35,7 @@ import yaml
 
 from planner.build import build_plan, hardware_of, step_config
 from planner.errors import PlanError
-from planner.plan import Plan, atomic_write_text, load_plan
+from planner.plan import Plan, atomic_write_text, doc_sha, load_plan, plan_hash, trained_fields
 from planner.profiles import HardwareProfile, MfuPoint, Overheads, load_profile_file
 from planner.throughput import (
     LINK_EFFICIENCY,
@@ -189,21 +188,14 @@ def _resolve_plan(run_dir: Path, info: dict[str, Any]) -> Path:
 
 
 def file_hash(path: Path) -> str:
-    """runner.checkpoint.plan_hash's recipe applied to the plan file as stored, so that fields a newer
-    schema adds (with defaults) do not change the hash of a plan written before them."""
-    d = json.loads(path.read_text(encoding="utf-8"))
-    for k in ("launch", "created_by", "warnings"):
-        d.pop(k, None)
-    if isinstance(d.get("request"), dict):
-        d["request"].pop("run_dir", None)
-    return hashlib.sha256(json.dumps(d, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+    """plan_hash's recipe applied to the plan file as stored, so that fields a newer schema adds
+    (with defaults) do not change the hash of a plan written before them."""
+    return doc_sha(trained_fields(json.loads(path.read_text(encoding="utf-8"))))
 
 
 def _check_plan(plan: Plan, path: Path, info: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
     """The plan must be the one the run executed: its tokens per step must match the log (error);
     a hash different from run_info.json's plan_hash is a warning."""
-    from runner.checkpoint import plan_hash  # noqa: PLC0415  (plain Python; torch stays unimported)
-
     for r in rows:
         seen, step = r.get("tokens_seen"), r["step"]
         if isinstance(seen, int) and step > 0 and seen != step * plan.schedule.tokens_per_step:

@@ -1,7 +1,7 @@
 """Per-GPU memory model of one runner training step, calibrated against traces of the real step.
 
 The model replays, tensor by tensor, the allocations and frees of the runner's step
-(runner/model.py, runner/step.py) as planner/trace.py measures them with MemTracker under
+(runner/model.py, runner/step.py) as runner/trace.py measures them with MemTracker under
 FakeTensorMode, with CUDA kernel semantics (CUDA's autocast policy, fused rms_norm, flash
 attention). Every byte count names the tensor it stands for. Notation: N tokens per
 micro-batch (B·T), d width, f MLP width, q = n_head·head_dim, kv = n_kv_head·head_dim, V
@@ -752,7 +752,7 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
     """Per-GPU peak bytes of a steady-state training step (see the module docstring).
 
     compiled_saved (compile on): measured (all saved bytes, one block's) to walk instead of the
-    model's own counts; planner.trace uses it for the traced compiled step.
+    model's own counts; runner.trace uses it for the traced compiled step.
     """
     spec = cfg.spec
     m = _model(spec, cfg.precision, cfg.optimizer)

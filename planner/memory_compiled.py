@@ -3,7 +3,7 @@
 What a compiled step keeps from forward to backward is decided by AOTAutograd's min-cut
 partitioner, not by the eager autograd graph that planner/memory.py replays. The partitioner
 recomputes cheap elementwise work (fp32 upcasts, the loss's softmax) instead of saving it.
-planner/compiled_trace.py reads its choice off on CPU. This module names every saved tensor it
+runner/compiled_trace.py reads its choice off on CPU. This module names every saved tensor it
 reports, per token (notation as in planner/memory.py: d width, f MLP width, q/kv projection
 widths, H/KV heads, V vocabulary; a = matmul activation bytes, r = residual-stream bytes, the
 one input a bf16 residual stream changes):
@@ -239,7 +239,7 @@ def step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: st
               shard: int = 1, saved: tuple[int, int | None] | None = None) -> dict[str, tuple[int, dict[str, int]]]:
     """Each phase's peak and its kinds, for the compiled step (see the module docstring).
 
-    saved: (all saved bytes, one block's saved bytes or None) measured by planner.compiled_trace,
+    saved: (all saved bytes, one block's saved bytes or None) measured by runner.compiled_trace,
     in place of this module's counts (the traced step: the capture in the same walk).
     """
     L = m.L

@@ -7,11 +7,12 @@ a hand-edited or stale plan is caught (`nanoplan validate`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
@@ -266,3 +267,31 @@ def load_plan(path: str | Path) -> Plan:
         return Plan.model_validate(data)
     except ValidationError as e:
         raise PlanError(str(p), pydantic_one_line(e).removeprefix(": "), "fix the field or regenerate the plan") from None
+
+
+# --------------------------------------------------------------------------- identity
+
+UNTRAINED = ("launch", "created_by", "warnings")   # top-level fields that do not change what a plan trains
+
+
+def trained_fields(doc: dict[str, Any]) -> dict[str, Any]:
+    """A plan document (JSON types) without the fields that do not change what it trains (and run_dir)."""
+    d = {k: v for k, v in doc.items() if k not in UNTRAINED}
+    if isinstance(d.get("request"), dict):
+        d["request"] = {k: v for k, v in d["request"].items() if k != "run_dir"}
+    return d
+
+
+def plan_doc(plan: Plan) -> dict[str, Any]:
+    """What a plan trains: every field except launch, run_dir, created_by and warnings (JSON types)."""
+    return trained_fields(plan.model_dump(mode="json"))
+
+
+def doc_sha(doc: Any) -> str:
+    """sha256 of a JSON document's canonical form (sorted keys, no spaces)."""
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def plan_hash(plan: Plan) -> str:
+    """sha256 of what a plan trains (plan_doc)."""
+    return doc_sha(plan_doc(plan))

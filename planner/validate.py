@@ -1,13 +1,14 @@
 """Check plan.json files: re-derive every number, check the fit, optionally trace the real step.
 
-Used by `nanoplan validate` (and CI). Pure Python unless `trace=True`, which imports torch
-through planner.trace.
+Used by `nanoplan validate` (and CI). Pure Python: a trace of the real step is passed in as
+`tracer` (the CLI passes runner.trace.trace_memory), so the planner never imports the runner.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from planner.build import hardware_of, memory_of, rederive, step_config
 from planner.errors import PlanError
@@ -18,6 +19,17 @@ from planner.units import fmt_bytes
 
 TRACE_TOLERANCE = 0.03          # analytic vs traced allocated peak (benchmarks/results/memory_accuracy.md)
 PROFILE_MEMORY_FIELDS = ("memory_gb", "usable_bytes", "overheads")
+
+
+class Traced(Protocol):
+    """What a tracer returns (runner.trace.TracedMemory has these)."""
+
+    peak_bytes: int
+    seconds: float
+    note: str
+
+
+Tracer = Callable[[StepConfig], Traced]
 
 
 @dataclass
@@ -73,8 +85,8 @@ def plan_step_config(plan: Plan) -> StepConfig:
     return step_config(plan.request, plan.training.device_batch_size, hw.num_gpus)
 
 
-def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, trace: bool = False) -> PlanCheck:
-    """Re-derive `plan`, check it fits with `headroom`, and with `trace` hold it against a trace."""
+def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, tracer: Tracer | None = None) -> PlanCheck:
+    """Re-derive `plan`, check it fits with `headroom`, and with a `tracer` hold it against a trace."""
     try:
         fresh, problems = rederive(plan)
     except PlanError as e:
@@ -92,18 +104,15 @@ def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, trace: bool = F
     check = PlanCheck(path=path, name=fresh.model.name, gpu=fresh.hardware.spec, fits=fits, consistent=consistent,
                       analytic_peak_bytes=mem.allocated_peak, per_gpu_bytes=mem.total, capacity_bytes=capacity,
                       headroom=headroom, problems=problems)
-    if trace:
+    if tracer is not None:
         fixed = sum(v for k, v in mem.overhead.items() if k != "fragmentation")
         frag = hw.profile.overheads.fragmentation if "fragmentation" in mem.overhead else 0.0
-        _add_trace(check, cfg, fixed, frag)
+        _add_trace(check, tracer(cfg), fixed, frag)
     return check
 
 
-def _add_trace(check: PlanCheck, cfg: StepConfig, fixed: int, frag: float) -> None:
-    """Trace the plan's step; compare; check the traced total (plus the same overheads) fits."""
-    from planner.trace import trace_memory  # imports torch
-
-    t = trace_memory(cfg)
+def _add_trace(check: PlanCheck, t: Traced, fixed: int, frag: float) -> None:
+    """Compare with the traced step; check the traced total (plus the same overheads) fits."""
     check.traced_peak_bytes = t.peak_bytes
     check.trace_seconds = round(t.seconds, 2)
     check.trace_note = t.note
@@ -118,12 +127,12 @@ def _add_trace(check: PlanCheck, cfg: StepConfig, fixed: int, frag: float) -> No
                               f"{fmt_bytes(check.capacity_bytes)}")
 
 
-def validate_paths(paths: list[str], *, headroom: float = 0.05, trace: bool = False) -> list[PlanCheck]:
+def validate_paths(paths: list[str], *, headroom: float = 0.05, tracer: Tracer | None = None) -> list[PlanCheck]:
     """Load every plan first (a malformed one raises PlanError: exit 2), then check each."""
     if not 0 <= headroom < 1:
         raise PlanError("--headroom", f"must be in [0, 1), got {headroom}")
     plans = [(str(p), load_plan(p)) for p in paths]
-    return [check_plan(plan, p, headroom=headroom, trace=trace) for p, plan in plans]
+    return [check_plan(plan, p, headroom=headroom, tracer=tracer) for p, plan in plans]
 
 
 def exit_code(checks: list[PlanCheck]) -> int:

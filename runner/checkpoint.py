@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import PlanError, echo
-from planner.plan import Plan, atomic_write_text
+from planner.plan import Plan, atomic_write_text, doc_sha, plan_doc
 from runner.runfiles import Best, CheckpointMeta, problem_of, read_json_file, seal
 
 CKPT_DIR = "checkpoints"
@@ -59,22 +59,6 @@ FILE_FAULTS = ("metrics", "run_info")      # NANOPLAN_FAULT=enospc:metrics|enosp
 FAULT_EXIT = 137
 SHARDED_MODEL = "dcp/model/.metadata"   # zero2/fsdp checkpoints: DCP shards instead of model.pt (runner/dcp.py)
 _HASH_CHUNK = 1 << 22
-
-
-def plan_doc(plan: Plan) -> dict[str, Any]:
-    """What a plan trains: every field except launch, run_dir, created_by and warnings (JSON types)."""
-    d = plan.model_dump(mode="json", exclude={"launch", "created_by", "warnings"})
-    d["request"].pop("run_dir", None)
-    return d
-
-
-def _sha(doc: Any) -> str:
-    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-
-
-def plan_hash(plan: Plan) -> str:
-    """sha256 of what a plan trains (plan_doc)."""
-    return _sha(plan_doc(plan))
 
 
 # Fields a resumed run may change: how often it checkpoints and how many it keeps (and what follows from them).
@@ -96,7 +80,7 @@ def train_hash(plan_or_doc: Plan | dict[str, Any]) -> str:
     """plan_hash without RESUME_SAFE_FIELDS: equal for plans a checkpoint may be resumed under."""
     doc = plan_doc(plan_or_doc) if isinstance(plan_or_doc, Plan) else plan_or_doc
     flat = flatten(doc)
-    return _sha({k: v for k, v in flat.items() if k not in RESUME_SAFE_FIELDS})
+    return doc_sha({k: v for k, v in flat.items() if k not in RESUME_SAFE_FIELDS})
 
 
 RESUME_HINT = ("only checkpoint_every_minutes and keep_last may change on resume; "
@@ -107,11 +91,11 @@ def resume_mismatch(meta: dict[str, Any], plan: Plan) -> str | None:
     """Why a checkpoint (its meta.json) is of a different plan, as text to follow "... a different plan": the
     fields that differ, or the hashes for an old checkpoint. None when it can be resumed: the same plan, or one that differs only in RESUME_SAFE_FIELDS (cadence, keep_last)."""
     ours = plan_doc(plan)
-    if meta.get("plan_hash") == _sha(ours) or meta.get("train_hash") == train_hash(ours):
+    if meta.get("plan_hash") == doc_sha(ours) or meta.get("train_hash") == train_hash(ours):
         return None
     theirs = meta.get("plan")
     if not isinstance(theirs, dict):    # a checkpoint written before meta.json kept the plan's fields
-        return (f" (hash {str(meta.get('plan_hash'))[:12]}, this plan {_sha(ours)[:12]}; the checkpoint predates "
+        return (f" (hash {str(meta.get('plan_hash'))[:12]}, this plan {doc_sha(ours)[:12]}; the checkpoint predates "
                 "the record of the plan's fields in meta.json, so the ones that differ cannot be named)")
     a, b = flatten(theirs), flatten(ours)
     diff = [k for k in sorted(set(a) | set(b)) if a.get(k, "(absent)") != b.get(k, "(absent)")

@@ -196,3 +196,9 @@ class GPT(nn.Module):
                 total = total + checkpoint(head_loss, x2[s:s + chunk], w, t2[s:s + chunk], softcap,
                                            use_reentrant=False)
         return total / (t2 != -1).sum().clamp(min=1)
+
+
+def build_meta_model(spec: ModelSpec, loss_chunk_tokens: int = 0, activation_checkpointing: bool = False) -> nn.Module:
+    """The runner's GPT on the meta device: shapes only, no memory."""
+    with torch.device("meta"):
+        return GPT(spec, loss_chunk_tokens=loss_chunk_tokens, activation_checkpointing=activation_checkpointing)

@@ -235,7 +235,7 @@ def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path
     """Probe `plan_path` on this machine; write probe.json, the calibrated profile and the corrected plan."""
     from planner import probe as pp  # noqa: PLC0415
     from planner.calibrate import write_profile  # noqa: PLC0415
-    from runner.checkpoint import plan_hash  # noqa: PLC0415
+    from planner.plan import plan_hash  # noqa: PLC0415
     from runner.clock import Clock, deadline_seconds  # noqa: PLC0415
     from runner.preflight import check_data, check_devices, resolve_data_dir  # noqa: PLC0415
 
@@ -366,7 +366,8 @@ def probe_for_run(plan_path: str | Path, run_dir: str | Path, *, data: str | Non
     (a resumed or restarted run), that plan is resumed without a new probe: a new one would change
     the plan and orphan the checkpoints.
     """
-    from runner.checkpoint import complete_steps, plan_hash, read_meta, step_dir  # noqa: PLC0415
+    from planner.plan import plan_hash  # noqa: PLC0415
+    from runner.checkpoint import complete_steps, read_meta, step_dir  # noqa: PLC0415
 
     rdir = Path(run_dir)
     out = rdir / PROBED_PLAN

@@ -1,4 +1,4 @@
-"""One training step, shared by the train loop (runner/train.py) and the trace (planner/trace.py).
+"""One training step, shared by the train loop (runner/train.py) and the trace (runner/trace.py).
 
 Keeping the optimizer construction, autocast, loss and accumulation in one place is what
 lets the memory trace measure exactly what the runner does.

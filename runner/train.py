@@ -32,7 +32,7 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.errors import PlanError
-from planner.plan import Plan, load_plan
+from planner.plan import Plan, load_plan, plan_doc, plan_hash
 from runner import checkpoint as ck
 from runner import ledger
 from runner.clock import (
@@ -312,7 +312,7 @@ class Trainer:
         self.signals = Signals()
         self.signals.install()
         self.plan = load_plan(args.plan)
-        self.phash = ck.plan_hash(self.plan)
+        self.phash = plan_hash(self.plan)
         self.d = setup_dist(self.plan, args.force)
         if self.d.on:    # the oldest node's launch: a node that waited in the rendezvous was paid for
             age = torch.tensor([self.clock.real()], dtype=torch.float64, device=self.d.device)
@@ -525,7 +525,7 @@ class Trainer:
             return {
                 "total_steps": self.total_steps, "elapsed_hours": total / 3600.0,
                 "usd_spent": total / 3600.0 * self.usd_per_hour, "plan_hash": self.phash,
-                "train_hash": ck.train_hash(self.plan), "plan": ck.plan_doc(self.plan),
+                "train_hash": ck.train_hash(self.plan), "plan": plan_doc(self.plan),
                 "data": {"position": "step", "step": step, "seed": hyper.seed, "world_size": self.d.world_size,
                          "device_batch_size": tr.device_batch_size, "grad_accum_steps": self.accum,
                          "seq_len": tr.seq_len, "data_dir": str(self.data_dir),

@@ -197,7 +197,7 @@ def scratch_copy(dest: Path, root: Path = ROOT) -> Path:
     bindir = dest / ".docs-bin"
     bindir.mkdir(exist_ok=True)
     shim = bindir / "nanoplan"
-    shim.write_text(f"#!{sys.executable}\nimport sys\nfrom planner.cli import main\n"
+    shim.write_text(f"#!{sys.executable}\nimport sys\nfrom nanoplan.cli import main\n"
                     "sys.argv[0] = 'nanoplan'\nsys.exit(main())\n")
     shim.chmod(0o755)
     return dest

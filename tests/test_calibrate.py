@@ -27,12 +27,12 @@ MODEL_ARGS = {"tiny-1cpu": ["--preset", "tiny"], "tiny-2cpu": ["--preset", "tiny
 
 
 def nanoplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "nanoplan", *args], capture_output=True, text=True, timeout=60)
 
 
 def run_cli(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, *args: str) -> tuple[int, str, str]:
-    """planner.cli.main in this process (fast): (exit code, stdout, stderr)."""
-    from planner.cli import main
+    """nanoplan.main in this process (fast): (exit code, stdout, stderr)."""
+    from nanoplan.cli import main
 
     monkeypatch.setattr(sys, "argv", ["nanoplan", *args])
     monkeypatch.setenv("COLUMNS", "200")
@@ -109,7 +109,7 @@ def test_steady_state_numbers(name: str) -> None:
 
 
 def test_file_hash_is_the_runners_plan_hash(tmp_path: Path) -> None:
-    from runner.checkpoint import plan_hash
+    from planner.plan import plan_hash
 
     plan = load_plan(FIX / "d3-1cpu" / "plan.json")
     save_plan(plan, tmp_path / "plan.json")

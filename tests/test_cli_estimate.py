@@ -11,7 +11,7 @@ from tests.errlines import error_and_hint
 
 
 def nanoplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "nanoplan", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_estimate_writes_valid_plan(tmp_path) -> None:

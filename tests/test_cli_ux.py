@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from nanoplan.cli import app
 from planner.build import build_plan
-from planner.cli import app
 from planner.errors import PlanError
 from planner.plan import PlanRequest, load_plan
 from planner.profiles import SOURCED_FIELDS, builtin_profiles, parse_gpu_spec, split_gpu_spec
@@ -29,7 +29,7 @@ COMMANDS = ["estimate", "compare", "validate", "run", "calibrate", "prepare-data
 def nanoplan(*args: str, columns: int = 80, cwd: Path | None = None) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": str(columns), "LINES": "24"}
     env.pop("FORCE_COLOR", None)
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=120,
+    return subprocess.run([sys.executable, "-m", "nanoplan", *args], capture_output=True, text=True, timeout=120,
                           env=env, cwd=cwd or REPO)
 
 
@@ -38,7 +38,8 @@ def nanoplan(*args: str, columns: int = 80, cwd: Path | None = None) -> subproce
 def _long_options(command: str) -> list[str]:
     from typer.main import get_command
 
-    cmd = get_command(app).commands[command]  # type: ignore[attr-defined]
+    group = get_command(app)
+    cmd = group.get_command(None, command)  # type: ignore[arg-type]  (the lazy group needs no context)
     return [o for p in cmd.params if not getattr(p, "hidden", False)
             for o in (*p.opts, *p.secondary_opts) if o.startswith("--")]
 
@@ -197,7 +198,7 @@ def test_pinned_model_that_does_not_fit_exits_1_with_the_plan(tmp_path: Path) ->
     assert plan.memory.fits is False
     text = " ".join(r.stdout.split())
     assert text[text.rindex("✗ d48"):].endswith(f"→ {out} (fits: false)")
-    v = subprocess.run([sys.executable, "-m", "planner.cli", "validate", str(out)], capture_output=True, text=True,
+    v = subprocess.run([sys.executable, "-m", "nanoplan", "validate", str(out)], capture_output=True, text=True,
                        timeout=120)
     assert v.returncode == 1
 

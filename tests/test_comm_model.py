@@ -10,8 +10,8 @@ network bandwidth is the limit.
 
 import pytest
 
+from nanoplan.common import resolve_model, resolve_profile
 from planner.build import build_plan
-from planner.cli.common import resolve_model, resolve_profile
 from planner.counts import n_params
 from planner.plan import PlanRequest
 

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from planner.cli import main
+from nanoplan.cli import main
 from planner.compare import compare, pareto
 from planner.profiles import parse_gpu_spec
 from planner.search import Length, Settings, depth_ladder, search
@@ -155,7 +155,7 @@ def test_total_batch_not_divisible_is_a_row() -> None:
 
 
 def test_compare_does_not_import_torch() -> None:
-    code = ("import sys\nfrom planner.cli import main\nsys.argv=['nanoplan','compare','--budget','100','--format','json',"
+    code = ("import sys\nfrom nanoplan.cli import main\nsys.argv=['nanoplan','compare','--budget','100','--format','json',"
             "'--gpus','8xH100,H100']\ntry:\n    main()\nexcept SystemExit as e:\n    assert e.code in (0, None), e.code\n"
             "bad=[m for m in sys.modules if m == 'torch' or m.startswith('torch.')]\nassert not bad, bad[:3]\n"
             "print('ok', file=sys.stderr)\n")

@@ -11,7 +11,7 @@ from planner.spec import ModelSpec, style_spec
 
 torch = pytest.importorskip("torch")
 
-from planner.compiled_trace import capture_compiled  # noqa: E402
+from runner.compiled_trace import capture_compiled  # noqa: E402
 
 VOCAB = {"nanochat": 4096, "gpt2": 4096, "llama": 4096}
 
@@ -77,17 +77,18 @@ def test_capture_equals_a_real_cpu_inductor_run() -> None:
 def test_validate_trace_uses_the_compiled_capture(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from planner.cli import app
+    from nanoplan.cli import app
     from planner.validate import validate_paths
+    from runner.trace import trace_memory
 
     out = tmp_path / "p.json"
     r = CliRunner().invoke(app, ["estimate", "--gpu", "8xH100", "--depth", "2", "--seq-len", "256",
                                  "--total-batch-tokens", "16384", "--steps", "10", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    (check,) = validate_paths([str(out)], trace=True)
+    (check,) = validate_paths([str(out)], tracer=trace_memory)
     assert check.trace_note.startswith("compiled:") and abs(check.trace_error) < 0.03
     r = CliRunner().invoke(app, ["estimate", "--gpu", "8xH100", "--depth", "2", "--seq-len", "256", "--no-compile",
                                  "--total-batch-tokens", "16384", "--steps", "10", "--out", str(out)])
     assert r.exit_code == 0, r.output
-    (check,) = validate_paths([str(out)], trace=True)
+    (check,) = validate_paths([str(out)], tracer=trace_memory)
     assert not check.trace_note.startswith("compiled")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from nanoplan.common import resolve_model, resolve_profile
 from planner.build import build_plan
-from planner.cli.common import resolve_model, resolve_profile
 from planner.fit import fit_model
 from planner.memory import STRATEGIES
 from planner.plan import PlanRequest, load_plan
@@ -27,7 +27,7 @@ def depth(n: int):
 
 def test_depth_64_on_8xh100_shards_and_checkpoints_and_says_why(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", "--gpu", "8xH100", "--budget", "1000",
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "estimate", "--gpu", "8xH100", "--budget", "1000",
                         "--depth", "64", "--out", str(out)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "COLUMNS": "300"})
     assert r.returncode == 0, r.stderr
@@ -38,7 +38,7 @@ def test_depth_64_on_8xh100_shards_and_checkpoints_and_says_why(tmp_path: Path) 
     plan = load_plan(out)
     assert plan.training.strategy == "fsdp" and plan.training.activation_checkpointing
     assert plan.memory.fits and "does not fit" not in " ".join(plan.warnings)
-    v = subprocess.run([sys.executable, "-m", "planner.cli", "validate", str(out)], capture_output=True, text=True,
+    v = subprocess.run([sys.executable, "-m", "nanoplan", "validate", str(out)], capture_output=True, text=True,
                        timeout=60)
     assert v.returncode == 0, v.stdout + v.stderr
 

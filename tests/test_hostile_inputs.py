@@ -30,7 +30,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import planner.cli as cli
+import nanoplan as cli
 from planner.build import build_plan
 from planner.errors import PlanError, control_char
 from planner.export import SKYPILOT_MOUNT, _under, skypilot_task, slurm_script
@@ -287,7 +287,7 @@ def test_bad_token_files_are_one_line_errors_without_restarts(tmp_path: Path, ti
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
         assert r.stderr.splitlines()[-1] == f"error: {train}: {expected} ({REDO})", r.stderr[-1000:]
     else:                                                    # the real launcher: torchrun does not restart it
-        r = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(tmp_path / "run")],
+        r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(tmp_path / "run")],
                            capture_output=True, text=True, timeout=120, cwd=REPO, env=runner_env())
         errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
         assert r.returncode == 2 and errors == [f"error: {train}: {expected} ({REDO})"], r.stderr[-3000:]

@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nanoplan.common import resolve_model, resolve_profile
 from planner.build import build_plan
-from planner.cli.common import resolve_model, resolve_profile
 from planner.fit import fit_model
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, StepConfig, estimate, residual_bytes
 from planner.plan import PlanRequest
@@ -21,9 +21,9 @@ from planner.profiles import parse_gpu_spec
 from planner.search import SETTINGS_TOL, Length, Settings, search
 from planner.spec import style_spec
 from planner.throughput import estimate_throughput
-from planner.trace import trace_memory
 from runner.model import GPT
 from runner.step import autocast, build_optimizer, train_step
+from runner.trace import trace_memory
 
 
 def _block_input_dtypes(model: GPT, idx: torch.Tensor, precision: str) -> set[torch.dtype]:

@@ -61,7 +61,7 @@ def _kill(proc: subprocess.Popen) -> None:
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory: pytest.TempPathFactory, tiny_data: Path) -> Path:
     path = tmp_path_factory.mktemp("mn") / "plan.json"
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", "--gpu", "2x1xCPU", "--preset", "tiny",
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "estimate", "--gpu", "2x1xCPU", "--preset", "tiny",
                         "--steps", str(STEPS), "--total-batch-tokens", "1024", "--data", str(tiny_data),
                         "--checkpoint-every-minutes", "0.003", "--keep-last", "100", "--out", str(path)],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
@@ -78,7 +78,7 @@ def two_nodes(plan: Path) -> Path:
     env = runner_env(NANOPLAN_FAULT=f"step:{CRASH_AFTER}", NANOPLAN_FAULT_RANK="1")
     procs = []
     for node in (0, 1):
-        cmd = [sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run), "--nnodes", "2",
+        cmd = [sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run), "--nnodes", "2",
                "--node-rank", str(node), "--rdzv-endpoint", f"127.0.0.1:{port}", "--max-restarts", "1"]
         procs.append(subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                       text=True))

@@ -5,9 +5,9 @@ import sys
 
 CODE = """
 import sys
-import planner, planner.build, planner.cli
+import planner, planner.build, nanoplan
 from typer.testing import CliRunner
-from planner.cli import app
+from nanoplan.cli import app
 r = CliRunner()
 for args in (["estimate", "--gpu", "8xH100", "--budget", "1000", "--depth", "20"],
              ["estimate", "--gpu", "8xH100", "--budget", "1000"],

@@ -26,8 +26,8 @@ def bins(d: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """Run `nanoplan ARGS` in-process through planner.cli.main (the exit-2 path included)."""
-    from planner.cli import main
+    """Run `nanoplan ARGS` in-process through nanoplan.main (the exit-2 path included)."""
+    from nanoplan.cli import main
 
     monkeypatch.setattr(sys, "argv", ["nanoplan", *args])
     with pytest.raises(SystemExit) as e:
@@ -239,7 +239,7 @@ def test_cli_bad_input_exit_2(tmp_path, monkeypatch, capsys, case: str, field: s
 
 def test_subprocess_exit_2_and_no_torch(tmp_path) -> None:
     """A real process: exit code 2 on bad input, and a successful run never imports torch."""
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "prepare-data", str(tmp_path / "nope.txt"),
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "prepare-data", str(tmp_path / "nope.txt"),
                         "--out", str(tmp_path / "d")], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     error_and_hint(r.stderr)    # one error line (and a hint line), no traceback

@@ -240,7 +240,7 @@ def test_kill_trial_leaves_unrelated_processes_alone(tmp_path: Path) -> None:
 
 def nanoplan(*args: str, env: dict[str, str] | None = None, timeout: float = 240,
              cwd: Path = REPO) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "nanoplan", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env=runner_env(**(env or {})))
 
 

@@ -269,7 +269,7 @@ def test_sigterm_to_every_process_twice_checkpoints_and_exits_0(tmp_path: Path, 
     one arrives while the final checkpoint is being written (slowed to 1 s)."""
     plan = tiny_plan(steps=1000)
     run = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
                             env=runner_env(NANOPLAN_CKPT_DELAY_S="1.0"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
@@ -303,7 +303,7 @@ def test_sigterm_to_every_process_twice_checkpoints_and_exits_0(tmp_path: Path, 
 # ---------------------------------------------------------------- 6. a failed write mid-run
 
 def nanoplan_run(plan: Path, run: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
                           env=runner_env(**(env or {})), capture_output=True, text=True, timeout=120)
 
 

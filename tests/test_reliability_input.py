@@ -3,7 +3,7 @@
 `nanoplan validate`, `nanoplan estimate --profile` and `nanoplan run` are fed plan.json files and
 profile YAMLs that hypothesis derives from good ones: wrong types, missing and unknown fields,
 negative/zero/NaN/inf and huge numbers, a wrong schema_version, non-UTF-8 bytes and YAML tags that
-try to construct Python objects. They run in-process through planner.cli.main (the console entry
+try to construct Python objects. They run in-process through nanoplan.main (the console entry
 point), with `run`'s launcher replaced by a tripwire so that nothing is ever launched.
 
 Which numbers are bad is decided here, not read from the schema: NaN, infinities and negatives
@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-import planner.cli as cli
+import nanoplan as cli
 from planner.plan import Plan
 from planner.profiles import HardwareProfile
 from tests.conftest import REPO, make_tiny_plan, runner_env
@@ -527,7 +527,7 @@ def test_a_checkpoint_file_that_is_not_ours_is_refused(tmp_path: Path, finished_
     ckdir = ck.step_dir(run, 2)
     forge(ckdir / name, marker)
     reseal(ckdir)
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run), "--resume"],
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run), "--resume"],
                        capture_output=True, text=True, timeout=120, cwd=REPO, env=runner_env())
     assert r.returncode == 2, r.stderr[-3000:]
     assert "Traceback" not in r.stderr, r.stderr

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.slow
 
 
 def start(plan: Path, run: Path, *extra: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run), *extra],
+    return subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run), *extra],
                             cwd=REPO, env=runner_env(**(env or {})), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
 
@@ -99,11 +99,11 @@ def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_t
     locks are free again."""
     plan = tiny_plan(steps=100_000)
     run = tmp_path / "run"
-    term = Terminal([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)])
+    term = Terminal([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)])
     a = term.proc
     try:
         wait_for(lambda: len(read_metrics(run)) >= 3, timeout=90, what="3 steps")
-        b = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
+        b = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
                            env=runner_env(), capture_output=True, text=True, timeout=60)
         assert b.returncode == 2, b.stderr[-3000:]
         (line,) = error_lines(b.stderr)
@@ -155,7 +155,7 @@ def test_locks_name_their_holder_and_die_with_it(tmp_path: Path, tiny_plan) -> N
         assert held and held["pid"] == holder.pid and held["host"] == socket.gethostname()
         with pytest.raises(runlock.RunDirBusy, match=f"PID {holder.pid} on host"):
             runlock.RunLock.acquire(run, runlock.TRAIN_LOCK, "test")
-        r = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(tiny_plan()), "--run-dir", str(run)],
+        r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(tiny_plan()), "--run-dir", str(run)],
                            cwd=REPO, env=runner_env(), capture_output=True, text=True, timeout=60)
         assert r.returncode == 2, r.stderr
         (line,) = error_lines(r.stderr)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from planner.plan import plan_hash
 from runner import checkpoint as ck
 from runner.metrics import MetricsLog, read_metrics
 
@@ -183,8 +184,8 @@ def test_plan_hash_ignores_where_not_what(tmp_path: Path, tiny_plan) -> None:
     a = load_plan(tiny_plan("a.json", steps=30))
     b = load_plan(tiny_plan("b.json", steps=30, run_dir="elsewhere"))
     c = load_plan(tiny_plan("c.json", steps=31))
-    assert ck.plan_hash(a) == ck.plan_hash(b) != ck.plan_hash(c)
-    assert len(ck.plan_hash(a)) == 64
+    assert plan_hash(a) == plan_hash(b) != plan_hash(c)
+    assert len(plan_hash(a)) == 64
 
 
 def test_metrics_log_survives_a_torn_last_line(tmp_path: Path) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from nanoplan.cli import app
 from planner.build import build_plan
-from planner.cli import app
 from planner.plan import PlanRequest, load_plan, save_plan
 from planner.profiles import find_profile
 from planner.spec import nanochat
@@ -24,7 +24,7 @@ from tests.conftest import REPO, runner_env
 
 
 def nanoplan(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "nanoplan", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=runner_env(**(env or {})))
 
 
@@ -127,7 +127,7 @@ def test_sigterm_checkpoints_exits_0_and_the_next_run_resumes(tmp_path: Path, ti
     plan = tiny_plan(steps=150)
     run = tmp_path / "run"
     # a slow final write (1 s) so that a second SIGTERM lands in the middle of it
-    proc = subprocess.Popen([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)],
+    proc = subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)],
                             cwd=REPO, env=runner_env(NANOPLAN_CKPT_DELAY_S="1.0"), stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:

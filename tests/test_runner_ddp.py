@@ -92,13 +92,13 @@ def test_estimate_plan_runs_as_is_and_stops_at_the_deadline(tmp_path: Path, tiny
     """A plan straight from `nanoplan estimate --gpu 2xCPU --hours 0.01`; time runs 4x fast and
     every checkpoint write is slow (0.25 s real = 1 s of budget)."""
     plan = tmp_path / "plan.json"
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "estimate", "--gpu", "2xCPU", "--preset", "tiny", "--hours", "0.01",
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "estimate", "--gpu", "2xCPU", "--preset", "tiny", "--hours", "0.01",
                         "--total-batch-tokens", "1024", "--data", str(tiny_data), "--out", str(plan)],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     run = tmp_path / "run"
     env = runner_env(NANOPLAN_TIME_SCALE="4", NANOPLAN_CKPT_DELAY_S="0.25")
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)], capture_output=True, text=True,
                        timeout=90, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     stop = json.loads((run / "stop.json").read_text())
@@ -160,7 +160,7 @@ def test_crashed_worker_is_restarted_by_torchrun_and_resumes(tmp_path: Path, tin
     plan = tiny_plan(steps=30, checkpoint_every_minutes=0.002)
     run = tmp_path / "run"
     env = runner_env(NANOPLAN_FAULT="step:15")      # rank 0 dies (exit 137) after step 15, first launch only
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "run", str(plan), "--run-dir", str(run), "--max-restarts", "1"],
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run), "--max-restarts", "1"],
                        capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     info = json.loads((run / "run_info.json").read_text())

@@ -357,7 +357,7 @@ def test_search_cli_device_batch_and_bad_input() -> None:
 
 
 def nanoplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", *args], capture_output=True, text=True, timeout=60)
+    return subprocess.run([sys.executable, "-m", "nanoplan", *args], capture_output=True, text=True, timeout=60)
 
 
 def test_estimate_without_model_end_to_end(tmp_path) -> None:

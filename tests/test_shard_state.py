@@ -1,6 +1,6 @@
 """The runner's real per-rank state equals what the planner divides for each strategy.
 
-planner/trace.py traces sharded strategies as DDP and divides the sharded categories by dp
+runner/trace.py traces sharded strategies as DDP and divides the sharded categories by dp
 (analytic). This test closes that gap on real processes: 2 gloo ranks build the runner's model
 and optimizer for each strategy (runner.parallel.parallelize), run a backward and an optimizer
 step, and report the bytes they hold. The planner must predict them: parameters and optimizer

@@ -51,7 +51,7 @@ def launch(plan: Path, run: Path, *, restarts: int = 0, env: dict[str, str] | No
 
 
 def export(run: Path, step: int, out: Path) -> dict[str, torch.Tensor]:
-    r = subprocess.run([sys.executable, "-m", "planner.cli", "export-model", str(run), "--step", str(step),
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "export-model", str(run), "--step", str(step),
                         "--out", str(out)], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert f"wrote {out}: 10 tensors, 131,072 parameters (float32), step {step}" in r.stdout

@@ -1,4 +1,4 @@
-"""planner.trace: meta parameter counts, FLOPs three ways, and the trace machinery itself.
+"""runner.trace: meta parameter counts, FLOPs three ways, and the trace machinery itself.
 
 The memory trace is checked against independent references: a real CPU run of the same steps
 (byte for byte), a real DDP on a fake process group (the emulated bucket state), and torch's
@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from planner.counts import flops_per_token, n_params
 from planner.memory import StepConfig
 from planner.spec import PRESETS, llama, style_spec
-from planner.trace import _categories, _cuda_semantics, meta_param_count, run_traced_steps, trace_flops
+from runner.cuda_emulation import cuda_semantics
+from runner.trace import _categories, meta_param_count, run_traced_steps, trace_flops
 
 SPECS = [
     PRESETS["tiny"], PRESETS["gpt2"], PRESETS["llama3.2-1b"], PRESETS["d20"],
@@ -63,7 +64,7 @@ def test_fused_rms_norm_emulation_matches_torch() -> None:
         ins = [x] + ([w] if weighted else [])
         ref = F.rms_norm(x, (16,), w, 1e-6)
         ref_grads = torch.autograd.grad(ref, ins, g)
-        with _cuda_semantics():
+        with cuda_semantics():
             out = F.rms_norm(x, (16,), w, 1e-6)
             assert type(out.grad_fn).__name__ == "FusedRMSNormBackward"
             assert len(out.grad_fn.saved_tensors) == 3       # input, rstd, weight: what the CUDA kernel keeps
@@ -79,7 +80,7 @@ def test_cuda_autocast_policy_for_square() -> None:
     with torch.autocast("cpu", dtype=torch.bfloat16):
         lin = torch.nn.functional.linear(h, torch.randn(8, 8))
         assert F.relu(lin).square().dtype == torch.bfloat16       # CPU autocast leaves pow in bf16
-        with _cuda_semantics():
+        with cuda_semantics():
             assert F.relu(lin).square().dtype == torch.float32    # CUDA autocast runs pow in fp32
             assert F.rms_norm(lin, (8,)).dtype == torch.float32   # and rms_norm
 
@@ -117,7 +118,7 @@ DDP_CHECK = textwrap.dedent("""
     from torch.testing._internal.distributed.fake_pg import FakeStore
     from planner.memory import StepConfig
     from planner.spec import PRESETS
-    from planner.trace import _categories, run_traced_steps
+    from runner.trace import _categories, run_traced_steps
     torch.set_num_threads(1)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
 

@@ -11,7 +11,7 @@ import pytest
 
 from planner.memory import StepConfig, allocated_peak, estimate, layer_activation_bytes
 from planner.spec import style_spec
-from planner.trace import trace_memory
+from runner.trace import trace_memory
 
 TOLERANCE = 0.03   # the target; benchmarks/results/memory_accuracy.md has the measured errors
 

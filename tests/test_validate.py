@@ -19,7 +19,7 @@ from tests.errlines import error_and_hint
 
 
 def nanoplan(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner.cli", "validate", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "nanoplan", "validate", *args], capture_output=True,
                           text=True, timeout=300, env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
 
 
@@ -135,7 +135,7 @@ def test_trace_compares_traced_and_analytic(good: Path) -> None:
 NO_TORCH = """
 import sys
 from typer.testing import CliRunner
-from planner.cli import app
+from nanoplan.cli import app
 r = CliRunner().invoke(app, ["validate", sys.argv[1], "--json"])
 assert r.exit_code == 0, r.output
 assert not [m for m in sys.modules if m == "torch" or m.startswith("torch.")]

@@ -12,8 +12,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli import app
-from planner.cli.common import examples
+from nanoplan.cli import app
+from nanoplan.common import examples
 from planner.errors import PlanError
 from planner.units import fmt_bytes, fmt_count
 

@@ -13,8 +13,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from planner.cli import app
-from planner.cli.common import examples
+from nanoplan.cli import app
+from nanoplan.common import examples
 from planner.errors import PlanError
 
 Opt = typer.Option
@@ -44,8 +44,10 @@ def _pick_step(run_dir: Path, step: int | None) -> Path:
 
 def _plan_check(run_dir: Path, meta: dict[str, Any], sd: dict[str, Any]) -> str:
     """A note comparing the exported tensors with the plan that trained them (names and shapes)."""
-    from planner.plan import load_plan  # noqa: PLC0415
-    from runner.checkpoint import plan_hash  # noqa: PLC0415
+    from planner.plan import (
+        load_plan,  # noqa: PLC0415
+        plan_hash,  # noqa: PLC0415
+    )
     from runner.metrics import RUN_INFO, read_json  # noqa: PLC0415
 
     info = read_json(run_dir / RUN_INFO) or {}
@@ -55,7 +57,7 @@ def _plan_check(run_dir: Path, meta: dict[str, Any], sd: dict[str, Any]) -> str:
     plan = load_plan(plan_path)
     if plan_hash(plan) != meta.get("plan_hash"):
         return f"{plan_path} has changed since this checkpoint, so it was not checked against the model"
-    from planner.trace import build_meta_model  # noqa: PLC0415
+    from runner.model import build_meta_model  # noqa: PLC0415
 
     shapes = {k: tuple(v.shape) for k, v in build_meta_model(plan.request.model).state_dict().items()}
     got = {k: tuple(v.shape) for k, v in sd.items()}

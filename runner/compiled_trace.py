@@ -6,7 +6,7 @@ functionalization), so it can be read on CPU:
 
 1. Build the runner's GPT on the meta device, `to_empty(device="cpu")` (no page is touched).
 2. Compile it with the real inductor backend, under the runner's autocast, with CUDA's kernel
-   semantics emulated (planner.trace._cuda_semantics: fp32 rms_norm through
+   semantics emulated (runner.cuda_emulation.cuda_semantics: fp32 rms_norm through
    `aten::_fused_rms_norm`, registered for CPU here so autograd records FusedRmsNormBackward as on
    CUDA; CUDA autocast's fp32 pow; flash-attention SDPA, which CPU's SDPA is).
 3. Wrap `torch._inductor.compile_fx.min_cut_rematerialization_partition`: call the real one,
@@ -70,24 +70,6 @@ def check_torch_version(version: str) -> None:
         raise PlanError("torch", f"the compiled-step capture relies on private torch hooks checked on torch "
                         f"{'/'.join(v + 'x' for v in TORCH_CHECKED)}; this is torch {version}",
                         "install the pinned torch, or validate with --no-compile plans (eager trace)")
-
-
-@contextlib.contextmanager
-def _fused_rms_norm_on_cpu() -> Iterator[None]:
-    """Register CPU kernels for aten::_fused_rms_norm and its backward (fp32 compute), scoped.
-
-    With a CPU backend kernel, autograd records FusedRmsNormBackward (saving input and rstd), as
-    it does on CUDA, instead of decomposing rms_norm into differentiable pieces.
-    """
-    import torch
-    from torch._decomp import decomposition_table
-
-    fw = decomposition_table[torch.ops.aten._fused_rms_norm.default]
-    bw = decomposition_table[torch.ops.aten._fused_rms_norm_backward.default]
-    with torch.library._scoped_library("aten", "IMPL") as lib:
-        lib.impl("_fused_rms_norm", fw, "CPU")
-        lib.impl("_fused_rms_norm_backward", bw, "CPU")
-        yield
 
 
 @contextlib.contextmanager
@@ -218,7 +200,7 @@ def capture_compiled(cfg: StepConfig, kernels: str = "cuda") -> CompiledCapture:
 
     One micro-batch of cfg.device_batch_size × seq_len tokens, the runner's precision,
     activation checkpointing and loss chunking. Data parallelism and the optimizer do not change
-    what the compiled graph saves; planner.trace adds their state. kernels="cpu" captures the
+    what the compiled graph saves; runner.trace adds their state. kernels="cpu" captures the
     plain CPU step (no CUDA emulation), as a real CPU run compiles it (tests compare the two).
     """
     import torch
@@ -228,7 +210,8 @@ def capture_compiled(cfg: StepConfig, kernels: str = "cuda") -> CompiledCapture:
     import torch._functorch.config as fconfig
     import torch._inductor.config as iconfig
 
-    from planner.trace import _cuda_semantics, build_meta_model
+    from runner.cuda_emulation import cuda_semantics, fused_rms_norm_on_cpu
+    from runner.model import build_meta_model
     from runner.step import autocast
 
     t0 = time.perf_counter()
@@ -247,8 +230,8 @@ def capture_compiled(cfg: StepConfig, kernels: str = "cuda") -> CompiledCapture:
         stack.enter_context(fconfig.patch(enable_autograd_cache=False))
         stack.enter_context(_partition_hook(store))
         if kernels == "cuda":
-            stack.enter_context(_fused_rms_norm_on_cpu())
-            stack.enter_context(_cuda_semantics(fused_op=True))
+            stack.enter_context(fused_rms_norm_on_cpu())
+            stack.enter_context(cuda_semantics(fused_op=True))
         compiled = torch.compile(model, backend="inductor", fullgraph=True)
         try:
             with autocast("cpu", cfg.precision):

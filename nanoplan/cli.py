@@ -1,5 +1,8 @@
-"""The `nanoplan` command. Each sub-command lives in its own module; torch is imported
-lazily, only by the commands that run or trace a model (run, prepare-data, validate --trace).
+"""The `nanoplan` command: a thin skin over the planner and the runner.
+
+Each sub-command lives in its own module, imported only when that command runs (COMMANDS), so
+`nanoplan estimate` loads the planner and nothing else; torch is imported only by the commands
+that run or trace a model (run, probe, prepare-data, export-model, validate --trace).
 
 Errors of every kind leave through main(): one `error:` line and a `hint:` line where there
 is a fix (planner.errors), exit code 2 for bad input.
@@ -8,6 +11,7 @@ is a fix (planner.errors), exit code 2 for bad input.
 from __future__ import annotations
 
 import difflib
+import importlib
 import sys
 
 import typer
@@ -19,6 +23,7 @@ try:   # typer >= 0.20 carries its own copy of click
 except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as cx  # type: ignore[no-redef]
 
+from planner import __version__
 from planner.errors import PlanError, cli_one_line, error_lines
 
 
@@ -35,9 +40,41 @@ class _Command(TyperCommand):
         return _no_flag_types(super().get_params(ctx))
 
 
+# command name -> the module that defines it; importing a module registers its commands on `app`.
+COMMANDS: dict[str, str] = {
+    "estimate": "nanoplan.estimate", "compare": "nanoplan.compare", "validate": "nanoplan.validate",
+    "profiles": "nanoplan.estimate", "schema": "nanoplan.estimate", "prepare-data": "nanoplan.data",
+    "probe": "nanoplan.probe", "run": "nanoplan.run", "export": "nanoplan.export",
+    "export-model": "nanoplan.export_model", "calibrate": "nanoplan.calibrate",
+}
+
+
 class _Group(TyperGroup):
+    """The top-level group: lists every command, imports a command's module only when it is asked for."""
+
     def get_params(self, ctx):  # type: ignore[no-untyped-def]
         return _no_flag_types(super().get_params(ctx))
+
+    def list_commands(self, ctx):  # type: ignore[no-untyped-def]
+        return list(COMMANDS)
+
+    def get_command(self, ctx, cmd_name):  # type: ignore[no-untyped-def]
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(COMMANDS[cmd_name])
+            for info in app.registered_commands:
+                name = info.name or typer.main.get_command_name(info.callback.__name__)  # type: ignore[union-attr]
+                if name not in self.commands:
+                    info.cls = _Command if info.cls in (None, TyperCommand) else info.cls
+                    self.add_command(typer.main.get_command_from_info(
+                        info, pretty_exceptions_short=app.pretty_exceptions_short,
+                        rich_markup_mode=app.rich_markup_mode), name)
+        return self.commands.get(cmd_name)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"nanoplan {__version__}")
+        raise typer.Exit()
 
 
 app = typer.Typer(
@@ -50,20 +87,10 @@ app = typer.Typer(
            "  nanoplan run plan.json --dry-run          the command that runs the plan",
 )
 
-# Registration: importing each module adds its commands to `app`.
-from planner.cli import calibrate as _calibrate  # noqa: E402,F401
-from planner.cli import compare as _compare  # noqa: E402,F401
-from planner.cli import data as _data  # noqa: E402,F401
-from planner.cli import estimate as _estimate  # noqa: E402,F401
-from planner.cli import export as _export  # noqa: E402,F401
-from planner.cli import export_model as _export_model  # noqa: E402,F401
-from planner.cli import probe as _probe  # noqa: E402,F401
-from planner.cli import run as _run  # noqa: E402,F401
-from planner.cli import validate as _validate  # noqa: E402,F401
-
-for _info in app.registered_commands:
-    if _info.cls in (None, TyperCommand):
-        _info.cls = _Command
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", "-V", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """Plan, cost and run GPT pre-training on rented GPUs."""
 
 
 def fail(msg: str, code: int = 2, hint: str = "") -> typer.Exit:
@@ -99,7 +126,7 @@ def _usage_lines(e: cx.UsageError) -> list[str]:
         return error_lines(f"unexpected value {extra!r}", f"on/off flags take no value: give the flag alone, or leave "
                            f"it out (see {where})")
     if msg.startswith("No such command"):
-        cmds = list(getattr(ctx.command, "commands", {})) if ctx else []
+        cmds = ctx.command.list_commands(ctx) if ctx and isinstance(ctx.command, TyperGroup) else []
         bad = msg.split("'")[1] if "'" in msg else ""
         near = difflib.get_close_matches(bad, cmds, n=1)
         return error_lines(f"{bad!r} is not a nanoplan command",

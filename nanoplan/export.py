@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from planner.cli import app
-from planner.cli.common import examples, writable_target
+from nanoplan.cli import app
+from nanoplan.common import examples, writable_target
 from planner.errors import PlanError
 from planner.plan import atomic_write_text, load_plan
 

@@ -8,8 +8,8 @@ from typing import Annotated, List
 import typer
 from rich.console import Console
 
-from planner.cli import app
-from planner.cli.common import examples
+from nanoplan.cli import app
+from nanoplan.common import examples
 from planner.units import fmt_bytes
 
 Opt = typer.Option
@@ -29,7 +29,12 @@ def validate(
     """Re-derive every number in each plan, check it fits; exit 0 all fit, 1 not, 2 bad input."""
     from planner.validate import exit_code, validate_paths  # noqa: PLC0415
 
-    checks = validate_paths(plans, headroom=headroom, trace=trace)
+    tracer = None
+    if trace:
+        from runner.trace import trace_memory  # noqa: PLC0415  (imports torch)
+
+        tracer = trace_memory
+    checks = validate_paths(plans, headroom=headroom, tracer=tracer)
     if json_out:
         typer.echo(json.dumps([c.as_json() for c in checks], indent=2))
     else:

@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from planner.cli import app
-from planner.cli.common import FLAG, examples, resolve_model
+from nanoplan.cli import app
+from nanoplan.common import FLAG, examples, resolve_model
 from planner.errors import PlanError
 from planner.units import parse_count, parse_hours, parse_money
 

@@ -9,8 +9,8 @@ from typing import Annotated, Optional
 import typer
 from rich.console import Console
 
-from planner.cli import app
-from planner.cli.common import (
+from nanoplan.cli import app
+from nanoplan.common import (
     FLAG,
     examples,
     price_of,

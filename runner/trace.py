@@ -1,7 +1,7 @@
 """Traced truth: parameters, FLOPs and peak memory of the runner's real training step.
 
-Everything here imports torch lazily (inside functions), so `import planner.trace` is cheap
-and the planner stays torch-free until a trace is asked for.
+It imports torch (through runner.model): the planner never imports it; `nanoplan validate --trace`,
+the tests and the benchmarks do, to check the planner's formulas against the step they describe.
 
 - Parameters: the runner's GPT built on the meta device (no memory, any size).
 - FLOPs: `torch.utils.flop_counter.FlopCounterMode` over forward + backward on meta, cross-checked
@@ -32,7 +32,7 @@ Two deliberate departures from a plain CPU run, both documented in docs/memory.m
    planner.memory does, not a fake process group; tests/test_shard_state.py checks the
    runner's real per-rank parameters, gradients and optimizer state on 2 gloo processes.
 
-Compiled plans (``compile`` on: GPU plans) are traced differently: planner.compiled_trace
+Compiled plans (``compile`` on: GPU plans) are traced differently: runner.compiled_trace
 compiles the runner's model with inductor on CPU and reads what AOTAutograd's partitioner saves
 for backward. The traced peak is those captured saved tensors (every block, the head and loss,
 the bf16 weight copies) in planner.memory_compiled's conservative backward walk, with the same
@@ -55,6 +55,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from planner.counts import flops_per_token
 from planner.memory import MemoryEstimate, StepConfig, estimate
 from planner.spec import ModelSpec
+from runner.cuda_emulation import cuda_semantics
+from runner.model import GPT, build_meta_model
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -67,16 +69,6 @@ _HYPER = dict(lr=3e-4, matrix_lr=0.02, weight_decay=0.0, betas=(0.9, 0.95))
 
 
 # --------------------------------------------------------------------------- parameters
-
-def build_meta_model(spec: ModelSpec, loss_chunk_tokens: int = 0, activation_checkpointing: bool = False) -> nn.Module:
-    """The runner's GPT on the meta device: shapes only, no memory."""
-    import torch
-
-    from runner.model import GPT
-
-    with torch.device("meta"):
-        return GPT(spec, loss_chunk_tokens=loss_chunk_tokens, activation_checkpointing=activation_checkpointing)
-
 
 def meta_param_count(spec: ModelSpec) -> int:
     """Parameters of the runner's model, counted on the meta device."""
@@ -169,114 +161,6 @@ def fvcore_forward_macs(spec: ModelSpec, batch: int = 1) -> int:
         return int(fca.total())
 
 
-# --------------------------------------------------------------------------- CUDA kernel semantics
-
-def _cuda_semantics(fused_op: bool = False) -> contextlib.AbstractContextManager[Any]:
-    """Give the runner's ops CUDA's autocast policy and fused rms_norm, for the duration of a trace.
-
-    fused_op: call `aten::_fused_rms_norm` (CUDA's kernel; planner.compiled_trace registers it for
-    CPU) instead of the Python stand-in below, so a compiled graph holds the real op and backward.
-
-    Swaps `F.rms_norm` and the pow/square entry points for versions that behave as on CUDA, and
-    restores them on exit (the model looks them up at call time, so checkpoint recomputation in
-    backward sees the same semantics as the forward).
-    """
-    import torch
-    import torch.nn.functional as F
-
-    low = (torch.bfloat16, torch.float16)
-
-    def acc(t: torch.Tensor) -> torch.Tensor:
-        return t.float() if t.dtype in low else t
-
-    class FusedRMSNorm(torch.autograd.Function):
-        """Saves what CUDA's `_fused_rms_norm` saves: input, rstd (fp32, one per row), weight.
-
-        Backward allocates little beyond its outputs, as the fused kernel does.
-        """
-
-        @staticmethod
-        def forward(ctx: Any, x: torch.Tensor, shape: tuple[int, ...], w: torch.Tensor | None,
-                    eps: float | None) -> torch.Tensor:
-            dims = tuple(range(-len(shape), 0))
-            e = torch.finfo(x.dtype).eps if eps is None else eps
-            xf = acc(x)
-            rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True).add_(e))
-            y = xf * rstd
-            if w is not None:
-                y.mul_(w)
-            ctx.save_for_backward(x, rstd, w)
-            ctx.dims = dims
-            return y.to(x.dtype)
-
-        @staticmethod
-        def backward(ctx: Any, g: torch.Tensor) -> tuple[Any, ...]:
-            x, rstd, w = ctx.saved_tensors
-            n = 1
-            for d in ctx.dims:
-                n *= x.shape[d]
-            lead = tuple(range(x.dim() - len(ctx.dims)))
-            xhat = x * rstd                                   # fp32 (rstd is fp32); becomes dx in place
-            dw = None
-            if w is not None:
-                gw = g * xhat                                 # fp32 scratch: first g·x̂ for dw ...
-                if ctx.needs_input_grad[2]:
-                    dw = gw.sum(lead).to(w.dtype)
-                torch.mul(g, w, out=gw)                       # ... then g·w, in the same buffer
-            else:
-                gw = acc(g)
-            flat = (*x.shape[: x.dim() - len(ctx.dims)], 1, n)
-            dot = torch.matmul(gw.reshape(flat), xhat.reshape(flat).transpose(-1, -2)).reshape(rstd.shape) / n
-            dx = xhat.mul_(dot).neg_().add_(gw).mul_(rstd).to(x.dtype)
-            return dx, None, dw, None
-
-    def autocast_on() -> bool:
-        return torch.is_autocast_enabled("cpu")
-
-    def up(t: Any) -> Any:
-        return t.float() if isinstance(t, torch.Tensor) and t.dtype in low else t
-
-    def rms_norm(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
-                 eps: float | None = None) -> torch.Tensor:
-        if autocast_on():                 # CUDA autocast runs rms_norm in fp32
-            x, weight = up(x), up(weight)
-        with torch.autocast("cpu", enabled=False):
-            if fused_op:
-                return torch.ops.aten._fused_rms_norm(x, list(normalized_shape), weight, eps)[0]
-            return FusedRMSNorm.apply(x, tuple(normalized_shape), weight, eps)
-
-    def fp32_under_autocast(orig: Any) -> Any:
-        def wrapped(x: Any, *args: Any, **kwargs: Any) -> Any:
-            return orig(up(x) if autocast_on() else x, *args, **kwargs)
-        return wrapped
-
-    # (owner, attribute) -> replacement. pow/square and layer_norm: CUDA autocast's fp32 list (ReLU² in
-    # nanochat; the CPU policy runs layer_norm on a bf16 residual in bf16).
-    patches: dict[tuple[Any, str], Any] = {(F, "rms_norm"): rms_norm, (F, "layer_norm"): fp32_under_autocast(F.layer_norm)}
-    for owner, name in ((torch.Tensor, "square"), (torch.Tensor, "pow"), (torch.Tensor, "__pow__"),
-                        (torch, "square"), (torch, "pow")):
-        patches[(owner, name)] = fp32_under_autocast(getattr(owner, name))
-
-    @contextlib.contextmanager
-    def applied() -> Iterator[None]:
-        saved = {key: key[0].__dict__.get(key[1], _MISSING) for key in patches}
-        try:
-            for (owner, name), fn in patches.items():
-                setattr(owner, name, fn)
-            yield
-        finally:
-            for (owner, name), old in saved.items():
-                if old is _MISSING:
-                    delattr(owner, name)
-                else:
-                    setattr(owner, name, old)
-
-    return applied()
-
-
-_MISSING = object()
-
-
 # --------------------------------------------------------------------------- data-parallel state
 
 def _rank_ddp(module: nn.Module) -> nn.Module:
@@ -337,7 +221,7 @@ class TracedMemory:
     peak_phase: str                    # forward | backward | optimizer
     seconds: float
     note: str = ""                     # how sharded parts were handled, if any
-    capture: Any = None                # compiled plans: planner.compiled_trace.CompiledCapture
+    capture: Any = None                # compiled plans: runner.compiled_trace.CompiledCapture
 
     def analytic(self) -> MemoryEstimate:
         return estimate(self.config)
@@ -407,12 +291,11 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from runner.model import GPT
     from runner.step import build_optimizer, train_step
 
     spec = cfg.spec
     mt = tracker if tracker is not None else _make_tracker()
-    semantics = _cuda_semantics() if kernels == "cuda" else contextlib.nullcontext()
+    semantics = cuda_semantics() if kernels == "cuda" else contextlib.nullcontext()
     with FakeTensorMode() if fake else contextlib.nullcontext():
         model: nn.Module = GPT(spec, loss_chunk_tokens=cfg.loss_chunk_tokens,
                                activation_checkpointing=cfg.activation_checkpointing)
@@ -443,7 +326,7 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
 
 def trace_compiled_memory(cfg: StepConfig) -> TracedMemory:
     """Peak memory of one rank's compiled step: the captured saved tensors in the compiled walk."""
-    from planner.compiled_trace import capture_compiled
+    from runner.compiled_trace import capture_compiled
 
     t0 = time.perf_counter()
     cap = capture_compiled(cfg)

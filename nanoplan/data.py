@@ -8,8 +8,8 @@ from typing import Annotated, Callable, List, Optional
 import typer
 from rich.console import Console
 
-from planner.cli import app
-from planner.cli.common import examples
+from nanoplan.cli import app
+from nanoplan.common import examples
 
 Opt = typer.Option
 

@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli import app
+from nanoplan.cli import app
 from planner.units import fmt_bytes
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from planner.cli import app
-from planner.cli.common import examples
+from nanoplan.cli import app
+from nanoplan.common import examples
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
@@ -90,7 +90,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
             raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad, f"pass --run-dir {plan.launch.run_dir} to use it anyway")
     rdir = run_dir or plan.launch.run_dir
     if probe:
-        from planner.cli.probe import print_probe  # noqa: PLC0415
+        from nanoplan.probe import print_probe  # noqa: PLC0415
         from runner.probe import PROBED_PLAN, probe_for_run  # noqa: PLC0415
 
         if dry_run:
@@ -123,7 +123,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
             raise PlanError("preflight", pf.problems[0] + more, "fix it, or pass --force to launch anyway")
         for p in pf.problems:
             typer.echo(f"warning: preflight: {p} (--force)", err=True)
-    from runner.checkpoint import plan_hash  # noqa: PLC0415
+    from planner.plan import plan_hash  # noqa: PLC0415
 
     launch_id = uuid.uuid4().hex   # the same in every torchrun restart: they count each other's time
     launch = Launch(Path(rdir), node_rank=node_rank, plan_hash=plan_hash(plan), launch_id=launch_id, t0=t0,

@@ -1,0 +1,3 @@
+from nanoplan.cli import main
+
+main()

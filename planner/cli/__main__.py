@@ -1,3 +1,0 @@
-from planner.cli import main
-
-main()

@@ -1,33 +1,53 @@
-"""Time `nanoplan estimate` (cold process, wall clock) and the model maths (per call).
+"""Time `nanoplan estimate` against its bare dependencies, side by side, and the model maths per call.
 
-Usage: python benchmarks/estimate_speed.py [--repeats 5]
-Target (issues 2 and 12): `estimate --gpu 8xH100 --budget 1000 --depth 20` and the model search
-`estimate --gpu 8xH100 --budget 1000` (no model: d2..d64, its runners-up table and why panel) each
-under 0.5 s wall, no torch import.
+Usage: python benchmarks/estimate_speed.py [--repeats 7]
+
+Targets:
+- issue 20: `nanoplan estimate --gpu 8xH100 --budget 1000` (the model search) at most 1.8x the bare
+  `python -c "import typer, rich.console, rich.table, pydantic, yaml"`, cold processes, medians,
+  the two interleaved in one run so that both see the same machine load;
+- issues 2 and 12: `estimate ... --depth 20` and the search each under 0.5 s wall, no torch import.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
+BARE = [sys.executable, "-c", "import typer, rich.console, rich.table, pydantic, yaml"]
+TARGET_RATIO = 1.8
 
-def cold_estimate(repeats: int, *extra: str) -> tuple[list[float], list[float]]:
-    """(wall seconds, CPU seconds user+sys) per cold run; CPU time is steadier on a shared machine."""
-    cmd = [sys.executable, "-m", "nanoplan", "estimate", "--gpu", "8xH100", "--budget", "1000", *extra]
-    walls, cpus = [], []
-    for _ in range(repeats):
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t = time.perf_counter()
-        subprocess.run(cmd, check=True, capture_output=True)
-        walls.append(time.perf_counter() - t)
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-    return walls, cpus
+
+def estimate_cmd(out: str, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "nanoplan", "estimate", "--gpu", "8xH100", "--budget", "1000", "--out", out, *extra]
+
+
+def timed(cmd: list[str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds user+sys) of one cold process."""
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "COLUMNS": "80"})
+    wall = time.perf_counter() - t
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+
+
+def side_by_side(repeats: int, cmds: dict[str, list[str]]) -> dict[str, tuple[list[float], list[float]]]:
+    """Each command once per round, in turn, `repeats` rounds (plus one warm-up round, not counted)."""
+    out: dict[str, tuple[list[float], list[float]]] = {k: ([], []) for k in cmds}
+    for i in range(repeats + 1):
+        for name, cmd in cmds.items():
+            wall, cpu = timed(cmd)
+            if i:
+                out[name][0].append(wall)
+                out[name][1].append(cpu)
+    return out
 
 
 def model_maths(n: int) -> float:
@@ -47,13 +67,21 @@ def model_maths(n: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
-    for extra in (("--depth", "20"), ()):
-        walls, cpus = cold_estimate(a.repeats, *extra)
-        print(f"estimate --gpu 8xH100 --budget 1000{' ' if extra else ''}{' '.join(extra)}: median "
-              f"{statistics.median(walls):.3f} s wall (min {min(walls):.3f}, max {max(walls):.3f}), median "
-              f"{statistics.median(cpus):.3f} s CPU, n={a.repeats}; target < 0.5 s")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "plan.json")
+        res = side_by_side(a.repeats, {"bare imports": BARE, "estimate (search)": estimate_cmd(out),
+                                       "estimate --depth 20": estimate_cmd(out, "--depth", "20")})
+    med = {k: (statistics.median(w), statistics.median(c)) for k, (w, c) in res.items()}
+    print(f"cold processes, medians of {a.repeats}, interleaved; {os.cpu_count()} CPUs")
+    print(f"{'command':<22}{'wall s':>8}{'CPU s':>8}{'× bare (wall)':>15}{'× bare (CPU)':>14}")
+    bw, bc = med["bare imports"]
+    for k, (w, c) in med.items():
+        print(f"{k:<22}{w:8.3f}{c:8.3f}{w / bw:15.2f}{c / bc:14.2f}")
+    ratio = med["estimate (search)"][0] / bw
+    print(f"estimate --gpu 8xH100 --budget 1000: {ratio:.2f}x the bare imports (wall); target <= {TARGET_RATIO}x: "
+          f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}")
     per = model_maths(20_000)
     print(f"model maths (n_params + flops_per_token + memory estimate): {per * 1e6:.1f} us per model")
 

@@ -32,7 +32,8 @@ def cold_estimate(repeats: int, *extra: str) -> tuple[list[float], list[float]]:
 
 def model_maths(n: int) -> float:
     from planner.counts import flops_per_token, n_params
-    from planner.memory import StepConfig, estimate
+    from planner.memory import estimate
+    from planner.memory_terms import StepConfig
     from planner.spec import nanochat
 
     specs = [nanochat(d) for d in range(2, 66, 2)]

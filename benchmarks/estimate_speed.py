@@ -52,7 +52,8 @@ def side_by_side(repeats: int, cmds: dict[str, list[str]]) -> dict[str, tuple[li
 
 def model_maths(n: int) -> float:
     from planner.counts import flops_per_token, n_params
-    from planner.memory import StepConfig, estimate
+    from planner.memory import estimate
+    from planner.memory_terms import StepConfig
     from planner.spec import nanochat
 
     specs = [nanochat(d) for d in range(2, 66, 2)]

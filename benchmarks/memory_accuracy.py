@@ -26,7 +26,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from planner.counts import n_params  # noqa: E402
-from planner.memory import StepConfig, estimate  # noqa: E402
+from planner.memory import estimate  # noqa: E402
+from planner.memory_terms import StepConfig  # noqa: E402
 from planner.plan import atomic_write_text  # noqa: E402
 from planner.spec import PRESETS, style_spec  # noqa: E402
 
@@ -83,8 +84,8 @@ def gib(n: float) -> str:
 
 
 def run_memory(rows: list[tuple], compiled: bool = False) -> list[dict]:
-    from planner.memory import _model
     from planner.memory_compiled import saved_bytes
+    from planner.memory_terms import model_bytes
     from runner.trace import trace_memory
 
     out = []
@@ -103,7 +104,7 @@ def run_memory(rows: list[tuple], compiled: bool = False) -> list[dict]:
                    traced_phase=t.peak_phase, analytic_phase=e.peak_phase, trace_seconds=round(t.seconds, 2),
                    traced_breakdown=t.breakdown, analytic_breakdown=e.breakdown, compiled=compiled)
         if compiled:
-            sv = saved_bytes(_model(spec, prec, opt), b * seq, ckpt, chunk if 0 < chunk < b * seq else 0)
+            sv = saved_bytes(model_bytes(spec, prec, opt), b * seq, ckpt, chunk if 0 < chunk < b * seq else 0)
             row.update(captured_saved=t.capture.saved_bytes, analytic_saved=sv,
                        saved_error=sv / t.capture.saved_bytes - 1, saved_tensors=t.capture.n_saved)
         out.append(row)

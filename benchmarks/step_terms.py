@@ -27,7 +27,7 @@ def main() -> None:
         return
 
     from planner.build import batch_choices
-    from planner.memory import StepConfig
+    from planner.memory_terms import StepConfig
     from planner.profiles import parse_gpu_spec
     from planner.spec import nanochat
     from planner.throughput import estimate_throughput

@@ -8,7 +8,8 @@ from planner import __version__
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
 from planner.launch import torchrun_command
-from planner.memory import MemoryEstimate, StepConfig, estimate, residual_bytes
+from planner.memory import estimate
+from planner.memory_terms import MemoryEstimate, StepConfig, residual_bytes
 from planner.plan import (
     BudgetPlan,
     HardwarePlan,

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.build import build_plan, hardware_of, memory_of, step_config
-from planner.memory import STRATEGIES
+from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware
 from planner.search import (

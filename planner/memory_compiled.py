@@ -1,10 +1,10 @@
 """Per-GPU memory of the runner's step under `torch.compile` (GPU plans compile; CPU plans do not).
 
 What a compiled step keeps from forward to backward is decided by AOTAutograd's min-cut
-partitioner, not by the eager autograd graph that planner/memory.py replays. The partitioner
+partitioner, not by the eager autograd graph that planner/memory_eager.py replays. The partitioner
 recomputes cheap elementwise work (fp32 upcasts, the loss's softmax) instead of saving it.
 runner/compiled_trace.py reads its choice off on CPU. This module names every saved tensor it
-reports, per token (notation as in planner/memory.py: d width, f MLP width, q/kv projection
+reports, per token (notation as in planner/memory_eager.py: d width, f MLP width, q/kv projection
 widths, H/KV heads, V vocabulary; a = matmul activation bytes, r = residual-stream bytes, the
 one input a bf16 residual stream changes):
 
@@ -26,7 +26,7 @@ positions it does not).
 The backward is not knowable on CPU: inductor fuses kernels and reuses buffers. Two plausible
 liveness walks differ by 3.7 GiB at d20 B32 (docs/sources.md §7). This model takes the conservative
 one: no saved tensor of a block is freed before that block's backward ends, and the backward's
-temporaries are those of the eager kernels (planner.memory's walk, unfused). The loss backward
+temporaries are those of the eager kernels (planner/memory_backward.py, unfused). The loss backward
 holds the fp32 gradient of the logits beside its bf16 cast. See docs/memory.md.
 """
 
@@ -35,38 +35,34 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Any
 
-from planner.memory import (
+from planner.memory_backward import block_bw, embedding_bw, linear_bw, loss_head_bw, norm_bw
+from planner.memory_terms import (
     F32,
     I64,
+    Dims,
+    LevelRecorder,
     Line,
-    _block_bw,
-    _block_weights,
-    _Dims,
-    _embedding_bw,
-    _line,
-    _linear_bw,
-    _loss_head_bw,
-    _Model,
-    _norm_bw,
-    _part,
-    _Rec,
-    _Walk,
+    ModelBytes,
+    Walk,
     after_layers,
+    block_weights,
+    envelope_and_net,
     layers_peak,
     phase_envelopes,
+    to_line,
 )
 
 # --------------------------------------------------------------------------- saved tensors
 
 
-def _norm_site(D: _Dims) -> int:
+def _norm_site(D: Dims) -> int:
     """Per token, a norm whose output feeds a matmul: normalised fp32 input (or the bf16
     residual) r·d, the matmul's input a·d (a bf16 cast; in fp32 only a weighted norm's output,
     γ·x̂ + β, differs from what the norm's backward recomputes from its input), the rstd."""
     return D.r * D.d + (D.a * D.d if D.a < F32 or D.norm_w else 0) + F32
 
 
-def _attn_saved(D: _Dims) -> int:
+def _attn_saved(D: Dims) -> int:
     a, qk = D.a, D.q + D.kv
     out = a * (D.q + 2 * D.kv)                      # the fused qkv buffer (v keeps it alive)
     if D.qk_norm:
@@ -77,18 +73,18 @@ def _attn_saved(D: _Dims) -> int:
     return out + a * D.q + F32 * D.H                # SDPA output and logsumexp
 
 
-def _mlp_saved(D: _Dims) -> int:
+def _mlp_saved(D: Dims) -> int:
     if D.mlp == "swiglu":
         return 3 * D.a * D.f                        # fc output (gate, up), gate·up product
     return 2 * D.a * D.f                            # fc output, activation output (bf16 square / gelu)
 
 
-def block_per_token(D: _Dims) -> int:
+def block_per_token(D: Dims) -> int:
     """Bytes per token one compiled block saves for backward."""
     return 2 * _norm_site(D) + _attn_saved(D) + _mlp_saved(D)
 
 
-def _first_block_delta(D: _Dims) -> int:
+def _first_block_delta(D: Dims) -> int:
     """Per token: the first block under autocast keeps the embedding (r·d) and the attention
     projection's output (a·d) instead of its two normalised fp32 inputs (2·r·d)."""
     if D.ac and not D.learned_pos:
@@ -98,17 +94,17 @@ def _first_block_delta(D: _Dims) -> int:
     return 0
 
 
-def weight_copies(D: _Dims) -> int:
+def weight_copies(D: Dims) -> int:
     """One layer's constant bf16 weight copies (autocast)."""
-    return D.a * _block_weights(D) if D.ac else 0
+    return D.a * block_weights(D) if D.ac else 0
 
 
-def _ce_stats(D: _Dims) -> int:
+def _ce_stats(D: Dims) -> int:
     """The compiled cross-entropy's per-row saved statistics (max, log-sum, mask)."""
     return 2 * F32 + (F32 + 1 if D.softcap else 0)
 
 
-def saved_parts(m: _Model, N: Any, ckpt: bool, chunk: int) -> dict[str, Any]:
+def saved_parts(m: ModelBytes, N: Any, ckpt: bool, chunk: int) -> dict[str, Any]:
     """The compiled step's saved bytes for N tokens, by part (graph inputs excluded)."""
     D, L = m.D, m.L
     d, V = D.d, D.V
@@ -131,7 +127,7 @@ def saved_parts(m: _Model, N: Any, ckpt: bool, chunk: int) -> dict[str, Any]:
     return parts
 
 
-def saved_bytes(m: _Model, N: Any, ckpt: bool, chunk: int) -> Any:
+def saved_bytes(m: ModelBytes, N: Any, ckpt: bool, chunk: int) -> Any:
     return sum(saved_parts(m, N, ckpt, chunk).values())
 
 
@@ -139,7 +135,7 @@ def saved_bytes(m: _Model, N: Any, ckpt: bool, chunk: int) -> Any:
 
 
 def _held(n: Any, kind: str, pending: list[Any]) -> tuple[Any, str]:
-    """What planner.memory's walk frees, under the conservative compiled walk.
+    """What the eager kernels (planner.memory_backward) free, under the conservative compiled walk.
 
     A saved activation is held until its block's backward ends ('saved' frees it), so the eager
     walk's frees of saved tensors free nothing; what the walk itself allocated as activations
@@ -153,8 +149,8 @@ def _held(n: Any, kind: str, pending: list[Any]) -> tuple[Any, str]:
     return n, kind
 
 
-class _HoldWalk(_Walk):
-    """planner.memory's walk with saved activations held (see `_held`)."""
+class _HoldWalk(Walk):
+    """A `Walk` (planner.memory_terms) with saved activations held (see `_held`)."""
 
     __slots__ = ("pending",)
 
@@ -174,7 +170,7 @@ class _HoldWalk(_Walk):
             super().free(n, kind)
 
 
-class _HoldRec(_Rec):
+class _HoldRec(LevelRecorder):
     __slots__ = ("pending",)
 
     def __init__(self, shard: int) -> None:
@@ -191,11 +187,11 @@ class _HoldRec(_Rec):
         super().free(n, kind)
 
 
-def _block_saved(m: _Model, N: Any) -> Any:
+def _block_saved(m: ModelBytes, N: Any) -> Any:
     return block_per_token(m.D) * N + weight_copies(m.D)
 
 
-def _full_loss_bw(m: _Model, k: Any, N: Any, mode: str) -> None:
+def _full_loss_bw(m: ModelBytes, k: Any, N: Any, mode: str) -> None:
     """Unchunked compiled loss backward: the fp32 grad of the logits beside its bf16 cast, then
     the head matmul's backward and the final norm's (saved tensors held)."""
     D = m.D
@@ -204,21 +200,21 @@ def _full_loss_bw(m: _Model, k: Any, N: Any, mode: str) -> None:
     if D.a < F32:
         k.alloc(D.a * NV, "loss_temporaries")
         k.free(F32 * NV, "loss_temporaries")
-    _linear_bw(D, k, D.d, D.V, N, x_cast=D.ac, x_free=False, g_free=True, mode=mode, bias=False,
-               g_kind="loss_temporaries", hold=D.tied)
-    _norm_bw(D, k, D.d, N, weighted=D.norm_w, g_bytes=D.r, x_bytes=D.r, x_saved=0, mode=mode)
+    linear_bw(D, k, D.d, D.V, N, x_cast=D.ac, x_free=False, g_free=True, mode=mode, bias=False,
+              g_kind="loss_temporaries", hold=D.tied)
+    norm_bw(D, k, D.d, N, weighted=D.norm_w, g_bytes=D.r, x_bytes=D.r, x_saved=0, mode=mode)
 
 
-def _loss_bw(m: _Model, k: Any, N: Any, mode: str, chunk: int, n_chunks: int, first_chunk: Any) -> None:
+def _loss_bw(m: ModelBytes, k: Any, N: Any, mode: str, chunk: int, n_chunks: int, first_chunk: Any) -> None:
     parts = saved_parts(m, N, False, chunk)
     if chunk:   # the checkpointed chunks recompute as in eager; the head rows are the saved final norm
-        _loss_head_bw(m.D, k, N, parts["final_norm"], mode, chunk, n_chunks, first_chunk)
+        loss_head_bw(m.D, k, N, parts["final_norm"], mode, chunk, n_chunks, first_chunk)
     else:
         _full_loss_bw(m, k, N, mode)
     k.free(parts["final_norm"] + parts["loss"] + parts["head_copy"], "saved")
 
 
-def _loss_fw(m: _Model, N: Any, chunk: int) -> Any:
+def _loss_fw(m: ModelBytes, N: Any, chunk: int) -> Any:
     """Beyond the saved tensors, at the loss forward: one fp32 logit-sized buffer (unchunked),
     or a chunk's bf16 and fp32 logits and the head's bf16 weight copy (chunked)."""
     D = m.D
@@ -227,15 +223,15 @@ def _loss_fw(m: _Model, N: Any, chunk: int) -> Any:
     return chunk * D.V * (D.a + F32 if D.a < F32 else F32) + (D.a * D.V * D.d if D.ac else 0)
 
 
-def _block_walk(m: _Model, k: Any, N: Any, mode: str, ckpt: bool, block: Any = None) -> None:
+def _block_walk(m: ModelBytes, k: Any, N: Any, mode: str, ckpt: bool, block: Any = None) -> None:
     saved = _block_saved(m, N) if block is None else block
     if ckpt:
         k.alloc(saved, "saved")                     # the block's forward, recomputed
-    _block_bw(m.D, k, N, mode)
+    block_bw(m.D, k, N, mode)
     k.free(saved + (m.D.r * m.D.d * N if ckpt else 0), "saved")
 
 
-def step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: str, base_grads: int,
+def step_walk(m: ModelBytes, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: str, base_grads: int,
               shard: int = 1, saved: tuple[int, int | None] | None = None) -> dict[str, tuple[int, dict[str, int]]]:
     """Each phase's peak and its kinds, for the compiled step (see the module docstring).
 
@@ -257,7 +253,7 @@ def step_walk(m: _Model, N: int, ckpt: bool, chunk: int, n_chunks: int, mode: st
     _block_walk(m, b, N, mode, ckpt, None if saved is None else saved[1])
     out["backward_layers"] = layers_peak(k, b, L)
     e = _HoldWalk(*after_layers(k, b, L), shard)
-    _embedding_bw(m.D, e, N, mode)
+    embedding_bw(m.D, e, N, mode)
     out["backward_end"] = (e.peak, e.at_peak)
     grads = m.params // shard
     out["optimizer_step"] = (sum(fixed.values()) + grads + 2 * I64 * N + m.muon,
@@ -276,19 +272,19 @@ def _fold(kinds: dict[str, int]) -> dict[str, int]:
 
 
 @lru_cache(maxsize=16384)
-def profile(m: _Model, ckpt: bool, chunk: int, n_chunks_is_2: bool, mode: str, base_grads: int,
+def profile(m: ModelBytes, ckpt: bool, chunk: int, n_chunks_is_2: bool, mode: str, base_grads: int,
             shard: int) -> tuple[tuple[str, tuple[Line, ...]], ...]:
-    """Each phase's peak as an upper envelope of lines in N (as planner.memory._profile)."""
+    """Each phase's peak as an upper envelope of lines in N (as planner.memory_eager.profile)."""
     fixed = m.params + m.buffers + m.optimizer_state
-    level0 = _line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j)
-    forward = _line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j + _loss_fw(m, 1j, chunk))
+    level0 = to_line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j)
+    forward = to_line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j + _loss_fw(m, 1j, chunk))
     rec = _HoldRec(shard)
     _loss_bw(m, rec, 1j, mode, chunk, 2 if n_chunks_is_2 else 3, chunk)
-    loss_env, loss_net = _part(rec)
+    loss_env, loss_net = envelope_and_net(rec)
     top = (level0[0] + loss_net[0], level0[1] + loss_net[1])
     rec = _HoldRec(shard)
     _block_walk(m, rec, 1j, mode, ckpt)
-    block_env, delta = _part(rec)
+    block_env, delta = envelope_and_net(rec)
     rec = _HoldRec(shard)
-    _embedding_bw(m.D, rec, 1j, mode)
-    return phase_envelopes(m, shard, forward, level0, loss_env, top, block_env, delta, _part(rec)[0])
+    embedding_bw(m.D, rec, 1j, mode)
+    return phase_envelopes(m, shard, forward, level0, loss_env, top, block_env, delta, envelope_and_net(rec)[0])

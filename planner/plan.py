@@ -17,7 +17,8 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from planner.errors import DuplicateKeyError, PlanError, echo, find_control, pydantic_one_line, strict_json_loads
-from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, Optimizer, Precision, Strategy
+from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
+from planner.memory_terms import Optimizer, Precision, Strategy
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 

@@ -43,17 +43,9 @@ from typing import Any, NamedTuple
 from planner.build import batch_choices, build_plan, memory_of
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params
 from planner.errors import PlanError
-from planner.memory import (
-    DEFAULT_LOSS_CHUNK_TOKENS,
-    STRATEGIES,
-    Optimizer,
-    Precision,
-    StepConfig,
-    _bytes,
-    allocated_peak,
-    estimate,
-    layer_activation_bytes,
-)
+from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, allocated_peak, estimate
+from planner.memory_eager import layer_activation_bytes
+from planner.memory_terms import STRATEGIES, Optimizer, Precision, StepConfig, precision_bytes
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.scaling import (
@@ -296,7 +288,7 @@ class _ModelParts:
 
 
 def _model_parts(spec: ModelSpec, s: Settings, hw: Hardware) -> _ModelParts:
-    _, a, r = _bytes(s.precision)
+    _, a, r = precision_bytes(s.precision)
     P = n_params(spec)
     if s.optimizer == "adamw":
         opt_elems = 2 * P
@@ -347,7 +339,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     fixed_over = (ov.cuda_context_bytes if is_gpu else 0) + (ov.nccl_bytes if g > 1 and is_gpu else 0)
     frag = ov.fragmentation if is_gpu else 0.0
     capacity = prof.usable_bytes * (1.0 - settings.headroom)
-    w, a, _ = _bytes(settings.precision)
+    w, a, _ = precision_bytes(settings.precision)
     peak = prof.peak_flops("fp32" if settings.precision == "fp32" else "bf16")
     bw = link_bytes_per_s(hw)
     hbm = hbm_bytes_per_s(hw)

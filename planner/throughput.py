@@ -42,7 +42,7 @@ import math
 from dataclasses import dataclass
 
 from planner.counts import flops_per_token, matrix_params, n_params
-from planner.memory import StepConfig, _bytes
+from planner.memory_terms import StepConfig, precision_bytes
 from planner.profiles import Hardware
 from planner.spec import ModelSpec
 
@@ -112,7 +112,7 @@ def comm_model(cfg: StepConfig, num_gpus: int, gpu: bool = True) -> CommModel:
     if num_gpus <= 1:
         return CommModel()
     P = n_params(cfg.spec)
-    w = _bytes(cfg.precision)[0]
+    w = precision_bytes(cfg.precision)[0]
     r = (num_gpus - 1) / num_gpus
     if cfg.strategy in ("ddp", "zero1"):
         return CommModel(step_bytes=2 * r * P * w, exposed_bytes=r * P * w if cfg.strategy == "zero1" else 0.0)
@@ -122,7 +122,7 @@ def comm_model(cfg: StepConfig, num_gpus: int, gpu: bool = True) -> CommModel:
 
 def _gathered_bytes(precision: str, gpu: bool) -> int:
     """Bytes per all-gathered parameter under FSDP2 (bf16 with the runner's CUDA mixed-precision policy)."""
-    return 2 if (gpu and precision == "bf16-autocast") else _bytes(precision)[0]  # type: ignore[arg-type]
+    return 2 if (gpu and precision == "bf16-autocast") else precision_bytes(precision)[0]  # type: ignore[arg-type]
 
 
 def exposed_seconds(cm: CommModel, bytes_per_s: float, compute: float, grad_accum: int) -> float:
@@ -199,7 +199,7 @@ class StepCosts:
 def step_costs(spec: ModelSpec, precision: str, optimizer: str, strategy: str, dp: int, hbm_bytes_s: float,
                gpu: bool) -> StepCosts:
     """Per-GPU optimizer and per-micro-step costs (module docstring; docs/throughput.md)."""
-    w = _bytes(precision)[0]  # type: ignore[arg-type]   # parameters, gradients and optimizer state
+    w = precision_bytes(precision)[0]  # type: ignore[arg-type]   # parameters, gradients and optimizer state
     P = n_params(spec)
     if dp <= 1:
         strategy = "ddp"   # one GPU: nothing to shard or gather (as comm_model)
@@ -211,7 +211,7 @@ def step_costs(spec: ModelSpec, precision: str, optimizer: str, strategy: str, d
         M = matrix_params(spec)
         ns = spec.n_layer * sum(newton_schulz_flops(r, c) for r, c in hidden_matrix_shapes(spec))
         # zero1: ZeroRedundancyOptimizer steps whole matrices, 1/dp of them per rank. zero2/fsdp: the
-        # matmuls of DTensor shards are redistributed; assumed to run whole on every rank (memory.py also
+        # matmuls of DTensor shards are redistributed; assumed to run whole on every rank (memory_terms.py also
         # holds whole-matrix Muon temporaries there).
         opt_flops = ns / dp if strategy == "zero1" else float(ns)
         opt_bytes = (ADAMW_ACCESSES * w * (P - M) + (MUON_ACCESSES * w + MUON_BF16_BYTES) * M) * opt_share

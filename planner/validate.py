@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from planner.build import hardware_of, memory_of, rederive, step_config
 from planner.errors import PlanError
-from planner.memory import StepConfig
+from planner.memory_terms import StepConfig
 from planner.plan import Plan, load_plan
 from planner.profiles import builtin_profiles
 from planner.units import fmt_bytes

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlanError
-from planner.memory import StepConfig
+from planner.memory_terms import StepConfig
 
 TORCH_CHECKED = ("2.13.",)    # torch versions whose partitioner hooks this capture was checked on
 

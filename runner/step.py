@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from planner.memory import Optimizer, Precision
+from planner.memory_terms import Optimizer, Precision
 
 
 class OptimizerGroup:

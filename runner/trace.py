@@ -28,7 +28,7 @@ Two deliberate departures from a plain CPU run, both documented in docs/memory.m
    Sharded strategies (zero1, zero2, fsdp) are traced as DDP; at every moment of the last step
    their sharded parts (optimizer state; + gradients; + parameters) are divided by the
    data-parallel degree; fsdp adds two gathered layers and zero2 its parameter shard beside
-   the gathered parameters (planner.memory.sharded_extra). This is an analytic division, as
+   the gathered parameters (planner.memory_terms.sharded_extra). This is an analytic division, as
    planner.memory does, not a fake process group; tests/test_shard_state.py checks the
    runner's real per-rank parameters, gradients and optimizer state on 2 gloo processes.
 
@@ -53,7 +53,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from planner.counts import flops_per_token
-from planner.memory import MemoryEstimate, StepConfig, estimate
+from planner.memory import estimate
+from planner.memory_terms import MemoryEstimate, StepConfig
 from planner.spec import ModelSpec
 from runner.cuda_emulation import cuda_semantics
 from runner.model import GPT, build_meta_model
@@ -357,7 +358,7 @@ def trace_memory(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, gra
                             peak_phase=mt.peak_phase, seconds=time.perf_counter() - t0)
     from dataclasses import replace
 
-    from planner.memory import SHARDED, sharded_extra
+    from planner.memory_terms import SHARDED, sharded_extra
 
     w = 2 if cfg.precision == "bf16" else 4
     extra_key, extra = sharded_extra(cfg.strategy, cfg.spec, w, dp)

@@ -5,8 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.memory import StepConfig, _model, estimate
+from planner.memory import estimate
 from planner.memory_compiled import saved_bytes
+from planner.memory_terms import StepConfig, model_bytes
 from planner.spec import ModelSpec, style_spec
 
 torch = pytest.importorskip("torch")
@@ -27,7 +28,7 @@ def test_analytic_compiled_model_matches_the_capture(style: str, prec: str, chun
     cfg = StepConfig(spec=spec, device_batch_size=2, precision=prec, loss_chunk_tokens=chunk,
                      activation_checkpointing=ckpt, compile=True, dp=8)
     cap = capture_compiled(cfg)
-    model = saved_bytes(_model(spec, prec, "adamw"), 2 * 256, ckpt, chunk)
+    model = saved_bytes(model_bytes(spec, prec, "adamw"), 2 * 256, ckpt, chunk)
     assert model == pytest.approx(cap.saved_bytes, rel=0.03)
     traced = estimate(cfg, compiled_saved=(cap.saved_bytes, None)).allocated_peak
     assert estimate(cfg).allocated_peak == pytest.approx(traced, rel=0.03)

@@ -10,7 +10,7 @@ import pytest
 from nanoplan.common import resolve_model, resolve_profile
 from planner.build import build_plan
 from planner.fit import fit_model
-from planner.memory import STRATEGIES
+from planner.memory_terms import STRATEGIES
 from planner.plan import PlanRequest, load_plan
 from planner.profiles import builtin_profiles
 

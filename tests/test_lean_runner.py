@@ -15,7 +15,8 @@ import torch
 from nanoplan.common import resolve_model, resolve_profile
 from planner.build import build_plan
 from planner.fit import fit_model
-from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, StepConfig, estimate, residual_bytes
+from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, estimate
+from planner.memory_terms import StepConfig, residual_bytes
 from planner.plan import PlanRequest
 from planner.profiles import parse_gpu_spec
 from planner.search import SETTINGS_TOL, Length, Settings, search

@@ -1,7 +1,8 @@
 """Memory model shape: monotonic in batch and depth, peak at backward start, strategy sharding."""
 
 from planner.build import build_plan
-from planner.memory import StepConfig, estimate
+from planner.memory import estimate
+from planner.memory_terms import StepConfig
 from planner.plan import PlanRequest
 from planner.profiles import find_profile
 from planner.spec import nanochat

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.build import batch_choices, build_plan, fits, memory_of
-from planner.memory import StepConfig
+from planner.memory_terms import StepConfig
 from planner.plan import PlanRequest, load_plan
 from planner.profiles import find_profile, parse_gpu_spec
 from planner.scaling import chinchilla_distance, predicted_loss

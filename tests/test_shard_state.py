@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from planner.counts import n_params
-from planner.memory import StepConfig, _grad_shard, estimate
+from planner.memory import estimate
+from planner.memory_terms import StepConfig, grad_shard
 from planner.plan import load_plan
 from tests.conftest import REPO, make_tiny_plan, runner_env
 
@@ -42,7 +43,7 @@ def test_per_rank_bytes_match_the_planner(tmp_path: Path, tiny_data: Path, strat
                      activation_checkpointing=tr.activation_checkpointing, loss_chunk_tokens=tr.loss_chunk_tokens)
     est = estimate(cfg).breakdown
     full = n_params(plan.request.model) * 4
-    predicted = {"parameters": est["parameters"], "gradients": full // _grad_shard(cfg),
+    predicted = {"parameters": est["parameters"], "gradients": full // grad_shard(cfg),
                  "optimizer_state": est["optimizer_state"]}
     # sharding is real where the planner says so...
     assert (real["gradients"] < full) == (strategy in ("zero2", "fsdp"))

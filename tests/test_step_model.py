@@ -18,7 +18,7 @@ from planner import throughput as tput
 from planner.build import build_plan
 from planner.calibrate import fitted_mfu
 from planner.counts import matrix_params, n_params
-from planner.memory import StepConfig
+from planner.memory_terms import StepConfig
 from planner.plan import PlanRequest
 from planner.profiles import SIZE_MFU_POINTS, find_profile, parse_gpu_spec, size_factor
 from planner.spec import nanochat

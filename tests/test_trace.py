@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from planner.counts import flops_per_token, n_params
-from planner.memory import StepConfig
+from planner.memory_terms import StepConfig
 from planner.spec import PRESETS, llama, style_spec
 from runner.cuda_emulation import cuda_semantics
 from runner.trace import _categories, meta_param_count, run_traced_steps, trace_flops
@@ -116,7 +116,7 @@ def test_fake_trace_equals_real_cpu_run(spec, precision, chunk, ckpt, opt) -> No
 DDP_CHECK = textwrap.dedent("""
     import torch, torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
-    from planner.memory import StepConfig
+    from planner.memory_terms import StepConfig
     from planner.spec import PRESETS
     from runner.trace import _categories, run_traced_steps
     torch.set_num_threads(1)

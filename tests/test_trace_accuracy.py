@@ -9,7 +9,9 @@ import random
 
 import pytest
 
-from planner.memory import StepConfig, allocated_peak, estimate, layer_activation_bytes
+from planner.memory import allocated_peak, estimate
+from planner.memory_eager import layer_activation_bytes
+from planner.memory_terms import StepConfig
 from planner.spec import style_spec
 from runner.trace import trace_memory
 

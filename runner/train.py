@@ -33,8 +33,11 @@ from torch import nn
 
 from planner.errors import PlanError
 from planner.plan import Plan, load_plan, plan_doc, plan_hash
-from runner import checkpoint as ck
 from runner import ledger
+from runner.checkpoint import CheckpointWriteError, save_checkpoint, set_rng_state
+from runner.checkpoint_layout import BEST, complete_steps, list_steps, step_dir
+from runner.checkpoint_meta import RESUME_HINT, resume_mismatch, train_hash, verify
+from runner.checkpoint_retention import best_problem, latest_good, retain, set_aside, update_best
 from runner.clock import (
     ENV_LAUNCH_ID,
     BudgetGuard,
@@ -45,6 +48,8 @@ from runner.clock import (
 )
 from runner.data import TrainBatches, ValBatches, data_fingerprints, fingerprint_change, load_data
 from runner.display import Display, stop_summary
+from runner.elastic import restart_count
+from runner.faults import Faults
 from runner.launcher import ENV_STOP_FILE, io_problem
 from runner.metrics import (
     METRICS,
@@ -63,6 +68,7 @@ from runner.preflight import check_data, check_run_dir_contained, resolve_data_d
 from runner.runlock import TRAIN_LOCK, RunDirBusy, RunLock
 from runner.schedule import DeadlineSchedule, lr_multiplier  # noqa: F401  (lr_multiplier: re-exported)
 from runner.step import autocast, build_optimizer, train_step
+from runner.torch_files import load_torch
 
 EXIT_OK, EXIT_USAGE, EXIT_NAN, EXIT_WRITE = 0, 2, 3, 4
 
@@ -215,8 +221,8 @@ def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float, flo
     total_h = ledger.ledger_total_s(recs, phash, skip={job, live["id"] if live else None}) / 3600.0
     segs = (read_run_info(run_dir) or {}).get("segments") or []
     segs = segs if isinstance(segs, list) else []
-    s = restart_carried_s(segs, launch_job(), ck._restart_count())
-    first = launch_first_segment(segs, launch_job(), ck._restart_count())
+    s = restart_carried_s(segs, launch_job(), restart_count())
+    first = launch_first_segment(segs, launch_job(), restart_count())
     try:
         first_age = max(0.0, float((first or {}).get("launch_age_s") or 0.0))
     except (TypeError, ValueError):
@@ -239,8 +245,8 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
     its clock already counts from the launch's start (the crash and the restart included).
     """
     try:
-        steps = ck.list_steps(run_dir)
-        restarted = ck._restart_count() > 0
+        steps = list_steps(run_dir)
+        restarted = restart_count() > 0
         launch_h, ledger_h, first_age = _launch_carry_h(run_dir, phash)
         if restarted and launch_h is not None:   # + everything since the launch began: the clock restarts at 0
             # the first attempt's start-up counted 1:1, the rest of the launch × the scale (a test hook)
@@ -248,20 +254,20 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
             restart_h = (launch_h * 3600.0 + min(first_age, age) + max(0.0, age - first_age) * clock.scale) / 3600.0
         else:
             restart_h = max(launch_h or 0.0, ledger_h)
-        if (bad_best := ck.best_problem(run_dir)) is not None:
+        if (bad_best := best_problem(run_dir)) is not None:
             log(f"warning: {bad_best}; ignored (rewritten at the next checkpoint with a validation loss)")
-        if not ck.complete_steps(run_dir):     # nothing, or only writes killed before meta.json
+        if not complete_steps(run_dir):     # nothing, or only writes killed before meta.json
             if resume and not restarted:
                 raise PlanError("--resume", f"{run_dir} has no checkpoint to resume from", "drop --resume to start a new run")
             for s in steps:
-                ck.set_aside(run_dir, s)
+                set_aside(run_dir, s)
                 log(f"removed step_{s:08d}: a checkpoint write that did not finish (no meta.json)")
             return {"step": None, "carried_hours": restart_h}
-        found = ck.latest_good(run_dir, log)
+        found = latest_good(run_dir, log)
         if found is None:
             if not force:
-                newest = ck.list_steps(run_dir)[-1]
-                why = ck.verify(ck.step_dir(run_dir, newest))[1]
+                newest = list_steps(run_dir)[-1]
+                why = verify(step_dir(run_dir, newest))[1]
                 raise PlanError("--run-dir", f"{run_dir} holds checkpoints but none is intact "
                                 f"(the newest, step_{newest:08d}: {why})",
                                 "use another --run-dir, or --force to start from scratch here")
@@ -269,14 +275,14 @@ def _decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: b
             return {"step": None, "carried_hours": restart_h}
         step, meta = found
         for bad in [s for s in steps if s > step]:
-            moved = ck.set_aside(run_dir, bad)
+            moved = set_aside(run_dir, bad)
             if moved is not None:
                 log(f"moved the damaged checkpoint step_{bad:08d} to {moved}")
-        mismatch = ck.resume_mismatch(meta, plan)
+        mismatch = resume_mismatch(meta, plan)
         if mismatch:
             if not force:
                 raise PlanError("--run-dir", f"checkpoint step_{step:08d} was made by a different plan{mismatch}",
-                                ck.RESUME_HINT)
+                                RESUME_HINT)
             log(f"resuming from a checkpoint of a different plan (--force){mismatch}")
         changed = fingerprint_change((meta.get("data") or {}).get("fingerprint"), data_dir or Path("."), data_fp or {})
         if changed:
@@ -319,7 +325,7 @@ class Trainer:
             dist.all_reduce(age, op=dist.ReduceOp.MAX)
             self.clock.start_earlier(float(age.item()))
         self.run_dir = Path(args.run_dir)
-        self.faults = ck.Faults.from_env()
+        self.faults = Faults.from_env()
         self.lock: RunLock | None = None
         self.pending_write: str | None = None   # rank 0: a failed write, shared at the next step's all-reduce
         self.write_error: str | None = None
@@ -388,7 +394,7 @@ class Trainer:
             raise PlanError(*decision["error"])
         self.start_step = decision["step"] or 0
         self.resume_meta: dict[str, Any] = decision.get("meta") or {}
-        ckdir = ck.step_dir(self.run_dir, self.start_step) if decision["step"] is not None else None
+        ckdir = step_dir(self.run_dir, self.start_step) if decision["step"] is not None else None
         if ckdir is not None:
             self.par.check_format(ckdir)
             try:
@@ -404,7 +410,7 @@ class Trainer:
                                              hyper.warmdown_frac, hyper.decay)
         self.scheds = [torch.optim.lr_scheduler.LambdaLR(o, lambda s: self.sched.multiplier(s)) for o in self.opt.optimizers]
         if ckdir is not None:
-            ostate = ck.load_torch(ckdir / "optim_rank0.pt", d.device)
+            ostate = load_torch(ckdir / "optim_rank0.pt", d.device)
             try:
                 if not isinstance(ostate, dict):
                     raise TypeError(f"it holds a {type(ostate).__name__}, not a dict")
@@ -419,7 +425,7 @@ class Trainer:
             rng = ckdir / f"rng_rank{d.rank}.pt"
             if rng.exists():
                 try:
-                    ck.set_rng_state(ck.load_torch(rng))
+                    set_rng_state(load_torch(rng))
                 except PlanError:
                     raise
                 except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
@@ -463,7 +469,7 @@ class Trainer:
                     "device": self.device_name, "torch_version": torch.__version__, "world_size": d.world_size,
                     "start_time": now, "data_dir": str(data_dir), "data_fingerprint": self.data_fp,
                 }, {"start_time": now, "resumed_from_step": decision["step"], "world_size": d.world_size,
-                    "restart_count": ck._restart_count(), "device": self.device_name, "job": launch_job(),
+                    "restart_count": restart_count(), "device": self.device_name, "job": launch_job(),
                     "clock_start_unix": self.clock.start_unix, "carried_hours": carried_h,
                     "launch_age_s": self.clock.age})
             except OSError as e:
@@ -525,7 +531,7 @@ class Trainer:
             return {
                 "total_steps": self.total_steps, "elapsed_hours": total / 3600.0,
                 "usd_spent": total / 3600.0 * self.usd_per_hour, "plan_hash": self.phash,
-                "train_hash": ck.train_hash(self.plan), "plan": plan_doc(self.plan),
+                "train_hash": train_hash(self.plan), "plan": plan_doc(self.plan),
                 "data": {"position": "step", "step": step, "seed": hyper.seed, "world_size": self.d.world_size,
                          "device_batch_size": tr.device_batch_size, "grad_accum_steps": self.accum,
                          "seq_len": tr.seq_len, "data_dir": str(self.data_dir),
@@ -539,7 +545,7 @@ class Trainer:
             }
 
         self.par.before_checkpoint()   # zero1: gather the optimizer state on rank 0 (collective)
-        path = ck.save_checkpoint(
+        path = save_checkpoint(
             self.run_dir, step, rank=self.d.rank, world_size=self.d.world_size,
             model_state=self.raw.state_dict, optim_state=lambda: {
                 **self.par.optimizer_file_state(), "schedulers": [s.state_dict() for s in self.scheds]},
@@ -548,10 +554,10 @@ class Trainer:
         )
         if self.d.is_main:
             try:
-                ck.update_best(self.run_dir, step, val)
+                update_best(self.run_dir, step, val)
             except OSError as e:
-                self.note_write_error(io_problem(self.run_dir / ck.BEST, e))
-            ck.retain(self.run_dir, self.plan.schedule.keep_last)
+                self.note_write_error(io_problem(self.run_dir / BEST, e))
+            retain(self.run_dir, self.plan.schedule.keep_last)
         self.guard.observe_checkpoint(self.clock.budget() - t0)   # retention (it verifies) is part of the cost
         self.last_ckpt_total = self.total_s()
         self.last_ckpt_step = step
@@ -671,7 +677,7 @@ class Trainer:
                 final = self._checkpoint_or_stop(step)
                 reason = reason if final is not None else "write_error"
             elif may_write and self.last_ckpt_step == step and step > self.start_step:
-                final = ck.step_dir(self.run_dir, step)
+                final = step_dir(self.run_dir, step)
         try:
             metrics.close()
         except OSError as e:
@@ -685,7 +691,7 @@ class Trainer:
             error = ("the loss is not finite; stopped without a checkpoint "
                      "(lower request.hyper.lr in the plan, or check the data)")
         elif reason == "write_error":
-            good = ck.complete_steps(self.run_dir)
+            good = complete_steps(self.run_dir)
             kept = f"step_{good[-1]:08d} is the last checkpoint" if good else "there is no checkpoint yet"
             error = (f"{self.write_error}; stopped at step {step}, {kept} "
                      "(free disk space or fix the run dir, then run the same command to resume)")
@@ -717,7 +723,7 @@ class Trainer:
         stops, keeping the checkpoints it has; the first failure's message is kept for the stop line."""
         try:
             return self.checkpoint(step)
-        except ck.CheckpointWriteError as e:
+        except CheckpointWriteError as e:
             self.write_error = self.write_error or str(e)
             self.ckpt_write_failed = True
             return None

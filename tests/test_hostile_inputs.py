@@ -220,11 +220,11 @@ def decide(plan: Path, run: Path, data: Path, force: bool = False) -> tuple[dict
     """runner.train's resume decision (rank 0), in-process: (decision, log lines)."""
     from runner.clock import Clock
     from runner.data import data_fingerprints
-    from runner.train import _decide_resume
+    from runner.resume import decide_resume
 
     msgs: list[str] = []
     p = load_plan(plan)
-    decision = _decide_resume(p, "", run, False, force, msgs.append, Clock.from_env(), data, data_fingerprints(data))
+    decision = decide_resume(p, "", run, False, force, msgs.append, Clock.from_env(), data, data_fingerprints(data))
     return decision, msgs
 
 

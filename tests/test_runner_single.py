@@ -47,7 +47,7 @@ def test_single_process_muon_run_checkpoints_and_resumes(tmp_path: Path, tiny_pl
 def test_replica_fingerprint_is_bit_exact() -> None:
     from planner.spec import preset
     from runner.model import GPT
-    from runner.train import replica_fingerprint
+    from runner.replicas import replica_fingerprint
 
     a, b = GPT(preset("tiny")), GPT(preset("tiny"))
     a.init_weights(3)

@@ -30,7 +30,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nanoplan as cli
+from nanoplan import cli
 from planner.build import build_plan
 from planner.errors import PlanError, control_char
 from planner.export import SKYPILOT_MOUNT, _under, skypilot_task, slurm_script

@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-import nanoplan as cli
+from nanoplan import cli
 from planner.plan import Plan
 from planner.profiles import HardwareProfile
 from tests.conftest import REPO, make_tiny_plan, runner_env

@@ -335,7 +335,7 @@ def test_a_hand_edited_meta_json_is_caught_and_named(fresh: tuple[Path, Path, Pa
     assert verify(meta.parent) == (False, f"{meta}: field 'elapsed_hours': Input should be a finite number")
     _edit_json(meta, lambda d: d.update(elapsed_hours=0.5))                  # well-typed, but not what was written
     assert verify(meta.parent)[1] == (f"{meta}: field 'meta_sha256': does not match the file's content "
-                                         "(edited or damaged after it was written)")
+                                      "(edited or damaged after it was written)")
     d, msgs = decide(plan, run, data)                     # falls back to step 1, saying why; step 2 is set aside
     assert d["step"] == 1 and any("step_00000002 is not usable: " in m and "meta_sha256" in m for m in msgs)
     assert (run / "checkpoints" / ".damaged" / "step_00000002" / "meta.json").is_file()

@@ -9,7 +9,7 @@ One command, on whatever GPU is present:
 Each grid point (nanochat depth, optimizer) is planned with planner.build.build_plan on one GPU
 (strategy ddp, bf16 autocast, torch.compile, seq 2048): the micro-batch is the largest one up to
 --max-batch that the planner says fits, with gradient accumulation 1. The run then uses the
-runner's code, not a second training loop: runner.train.build_model, runner.step.build_optimizer
+runner's code, not a second training loop: runner.plan_model.build_model, runner.step.build_optimizer
 (fused AdamW, or torch.optim.Muon + fused AdamW) and runner.step.train_step, with one host sync
 per step as in runner/train.py, on synthetic random tokens. A few warm-up steps (the first
 compiles) are followed by --steps timed steps.
@@ -94,8 +94,8 @@ def run_point(plan: Plan, device: Any, warmup: int, steps: int) -> dict[str, Any
     import torch
 
     from runner.memstats import cuda_memory
+    from runner.plan_model import build_model
     from runner.step import build_optimizer, train_step
-    from runner.train import build_model
 
     tr, hyper, spec = plan.training, plan.request.hyper, plan.request.model
     cuda = device.type == "cuda"

@@ -22,21 +22,23 @@ Opt = typer.Option
 
 def _pick_step(run_dir: Path, step: int | None) -> Path:
     """The verified step directory to export (the newest intact one when step is None)."""
-    from runner import checkpoint as ck  # noqa: PLC0415
+    from runner.checkpoint_layout import complete_steps, step_dir  # noqa: PLC0415
+    from runner.checkpoint_meta import verify  # noqa: PLC0415
+    from runner.checkpoint_retention import latest_good  # noqa: PLC0415
 
-    done = ck.complete_steps(run_dir)
+    done = complete_steps(run_dir)
     if not done:
         raise PlanError("RUN_DIR", f"{run_dir} has no complete checkpoint", "pass the run dir of a run that checkpointed")
     if step is None:
-        found = ck.latest_good(run_dir, log=lambda msg: typer.echo(f"note: {msg}", err=True))
+        found = latest_good(run_dir, log=lambda msg: typer.echo(f"note: {msg}", err=True))
         if found is None:
             raise PlanError("RUN_DIR", f"no checkpoint in {run_dir} verifies", "see nanoplan run's messages about them")
         step = found[0]
-    path = ck.step_dir(run_dir, step)
+    path = step_dir(run_dir, step)
     if step not in done:
         listed = ", ".join(str(s) for s in done[-6:])
         raise PlanError("--step", f"no complete checkpoint step_{step:08d} in {run_dir}", f"use one of {listed}")
-    ok, why = ck.verify(path)
+    ok, why = verify(path)
     if not ok:
         raise PlanError("--step", f"checkpoint {path.name} is not usable: {why}", "export another --step")
     return path
@@ -78,11 +80,11 @@ def export_model(
     out: Annotated[Optional[str], Opt(metavar="FILE", help="Model file to write (default: RUN_DIR/model_step_N.pt)")] = None,
 ) -> None:
     """One model file (a state dict) from a checkpoint, sharded (DCP) or not, for inference."""
-    from runner import checkpoint as ck  # noqa: PLC0415
+    from runner.checkpoint_meta import read_meta  # noqa: PLC0415
 
     rdir = Path(run_dir)
     path = _pick_step(rdir, step)
-    meta = ck.read_meta(path) or {}
+    meta = read_meta(path) or {}
     s = int(meta.get("step", int(path.name[5:])))
     dest = Path(out) if out else rdir / f"model_step_{s:08d}.pt"
 

@@ -2,7 +2,7 @@
 
 A training worker (`python -m runner.train`) catches SIGTERM, SIGINT and SIGHUP from here,
 before `runner.train` imports torch (seconds): a stop asked for during the start-up is recorded
-in EARLY_SIGNALS, and runner.train.Signals takes it over. Any other use of the package is left
+in EARLY_SIGNALS, and runner.signals.Signals takes it over. Any other use of the package is left
 alone.
 """
 

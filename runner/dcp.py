@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from planner.errors import PlanError
-from runner.checkpoint import fsync_dir, sha256_file
+from runner.torch_files import fsync_dir, sha256_file
 
 DCP_DIR = "dcp"
 MODEL_DIR = f"{DCP_DIR}/model"

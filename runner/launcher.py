@@ -181,7 +181,7 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
     return preexec
 
 
-ENV_STATUS = "NANOPLAN_STATUS_FILE"   # runner.train.report_exit writes {"exit_code", "error"} there
+ENV_STATUS = "NANOPLAN_STATUS_FILE"   # runner.stop_record.report_exit writes {"exit_code", "error"} there
 
 
 def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, *, stops: StopRequests | None = None,

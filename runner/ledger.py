@@ -67,12 +67,13 @@ def live_record(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any] 
 def spent_before_s(run_dir: Path, plan_hash: str) -> float:
     """Budget seconds this plan's run in RUN_DIR had used: the most that the ledger, any complete
     checkpoint of this plan, or metrics.jsonl (when run_info.json names this plan) records."""
-    from runner import checkpoint as ck
+    from runner.checkpoint_layout import complete_steps, step_dir
+    from runner.checkpoint_meta import read_meta
     from runner.metrics import RUN_INFO, read_json, read_metrics
 
     best = ledger_total_s(read_ledger(run_dir), plan_hash)
-    for s in ck.complete_steps(run_dir):
-        meta = ck.read_meta(ck.step_dir(run_dir, s)) or {}
+    for s in complete_steps(run_dir):
+        meta = read_meta(step_dir(run_dir, s)) or {}
         h = meta.get("elapsed_hours")
         if meta.get("plan_hash") == plan_hash and _finite(h):
             best = max(best, float(h) * 3600.0)

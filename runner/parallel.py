@@ -131,11 +131,11 @@ class Parallel:
 
     def load_model(self, ckdir: Path, device: torch.device) -> None:
         """model.pt into the model (ddp, zero1); DCP checkpoints load in load_optimizer, with the optimizer."""
-        from runner import checkpoint as ck
         from runner.dcp import has_shards
+        from runner.torch_files import load_torch
 
         if not has_shards(ckdir):
-            self.raw.load_state_dict(ck.load_torch(ckdir / "model.pt", device))
+            self.raw.load_state_dict(load_torch(ckdir / "model.pt", device))
 
     def load_optimizer(self, ckdir: Path, ostate: dict[str, Any]) -> None:
         """The optimizer state: optim_rank0.pt's (ddp, zero1), or model and optimizer from DCP shards."""

@@ -15,16 +15,8 @@ from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
 from planner.plan import Plan
 from planner.units import fmt_bytes
-from runner.checkpoint import (
-    BEST,
-    CKPT_DIR,
-    RESUME_HINT,
-    complete_steps,
-    list_steps,
-    read_meta,
-    resume_mismatch,
-    step_dir,
-)
+from runner.checkpoint_layout import BEST, CKPT_DIR, complete_steps, list_steps, step_dir
+from runner.checkpoint_meta import RESUME_HINT, read_meta, resume_mismatch
 from runner.ledger import LEDGER
 from runner.runlock import LOCK_FILES
 

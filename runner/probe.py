@@ -367,7 +367,8 @@ def probe_for_run(plan_path: str | Path, run_dir: str | Path, *, data: str | Non
     the plan and orphan the checkpoints.
     """
     from planner.plan import plan_hash  # noqa: PLC0415
-    from runner.checkpoint import complete_steps, read_meta, step_dir  # noqa: PLC0415
+    from runner.checkpoint_layout import complete_steps, step_dir  # noqa: PLC0415
+    from runner.checkpoint_meta import read_meta  # noqa: PLC0415
 
     rdir = Path(run_dir)
     out = rdir / PROBED_PLAN

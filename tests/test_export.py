@@ -153,7 +153,7 @@ def test_format_slurm_time() -> None:
 
 def test_sbatch_runs_the_dry_run_torchrun_args(plan_dir: Path, tmp_path: Path) -> None:
     """The job runs exactly nanoplan run's torchrun command, with node rank and endpoint from SLURM."""
-    from runner.checkpoint import META, step_dir  # the runner's checkpoint layout (no torch import)
+    from runner.checkpoint_layout import META, step_dir  # the runner's checkpoint layout (no torch import)
 
     script = tmp_path / "job.sbatch"
     script.write_text(slurm_script(load_plan(plan_dir / "plan.json"), "plan.json"))

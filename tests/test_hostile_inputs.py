@@ -30,7 +30,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import nanoplan as cli
+from nanoplan import cli
 from planner.build import build_plan
 from planner.errors import PlanError, control_char
 from planner.export import SKYPILOT_MOUNT, _under, skypilot_task, slurm_script
@@ -220,11 +220,11 @@ def decide(plan: Path, run: Path, data: Path, force: bool = False) -> tuple[dict
     """runner.train's resume decision (rank 0), in-process: (decision, log lines)."""
     from runner.clock import Clock
     from runner.data import data_fingerprints
-    from runner.train import _decide_resume
+    from runner.resume import decide_resume
 
     msgs: list[str] = []
     p = load_plan(plan)
-    decision = _decide_resume(p, "", run, False, force, msgs.append, Clock.from_env(), data, data_fingerprints(data))
+    decision = decide_resume(p, "", run, False, force, msgs.append, Clock.from_env(), data, data_fingerprints(data))
     return decision, msgs
 
 
@@ -326,33 +326,35 @@ def _edit_json(path: Path, change: Any) -> None:
 
 
 def test_a_hand_edited_meta_json_is_caught_and_named(fresh: tuple[Path, Path, Path]) -> None:
-    from runner import checkpoint as ck
+    from runner.checkpoint_layout import step_dir
+    from runner.checkpoint_meta import verify
 
     plan, run, data = fresh
-    meta = ck.step_dir(run, 2) / "meta.json"
+    meta = step_dir(run, 2) / "meta.json"
     _edit_json(meta, lambda d: d.update(elapsed_hours=float("nan")))        # json.dumps writes NaN
-    assert ck.verify(meta.parent) == (False, f"{meta}: field 'elapsed_hours': Input should be a finite number")
+    assert verify(meta.parent) == (False, f"{meta}: field 'elapsed_hours': Input should be a finite number")
     _edit_json(meta, lambda d: d.update(elapsed_hours=0.5))                  # well-typed, but not what was written
-    assert ck.verify(meta.parent)[1] == (f"{meta}: field 'meta_sha256': does not match the file's content "
-                                         "(edited or damaged after it was written)")
+    assert verify(meta.parent)[1] == (f"{meta}: field 'meta_sha256': does not match the file's content "
+                                      "(edited or damaged after it was written)")
     d, msgs = decide(plan, run, data)                     # falls back to step 1, saying why; step 2 is set aside
     assert d["step"] == 1 and any("step_00000002 is not usable: " in m and "meta_sha256" in m for m in msgs)
     assert (run / "checkpoints" / ".damaged" / "step_00000002" / "meta.json").is_file()
-    _edit_json(ck.step_dir(run, 1) / "meta.json", lambda d: d.update(step="one"))
+    _edit_json(step_dir(run, 1) / "meta.json", lambda d: d.update(step="one"))
     assert the_error(decide(plan, run, data)[0]) == (
         f"--run-dir: {run} holds checkpoints but none is intact (the newest, step_00000001: "
-        f"{ck.step_dir(run, 1) / 'meta.json'}: field 'step': Input should be a valid integer)")
+        f"{step_dir(run, 1) / 'meta.json'}: field 'step': Input should be a valid integer)")
 
 
 def test_a_sealed_meta_json_still_verifies(fresh: tuple[Path, Path, Path]) -> None:
     """The seal is the canonical JSON, so reformatting the file (indent, key order) is not damage."""
-    from runner import checkpoint as ck
+    from runner.checkpoint_layout import step_dir
+    from runner.checkpoint_meta import verify
 
     _, run, _ = fresh
-    meta = ck.step_dir(run, 2) / "meta.json"
+    meta = step_dir(run, 2) / "meta.json"
     doc = json.loads(meta.read_text())
     meta.write_text(json.dumps(dict(reversed(list(doc.items())))))
-    assert ck.verify(meta.parent) == (True, "ok")
+    assert verify(meta.parent) == (True, "ok")
 
 
 @pytest.mark.parametrize("change,says", [
@@ -367,16 +369,16 @@ def test_a_bad_run_info_json_stops_the_run_naming_the_field(fresh: tuple[Path, P
 
 
 def test_a_bad_best_json_is_ignored_with_a_warning_and_rewritten(fresh: tuple[Path, Path, Path]) -> None:
-    from runner import checkpoint as ck
+    from runner.checkpoint_retention import read_best, retain, update_best
 
     plan, run, data = fresh
     (run / "best.json").write_text(json.dumps({"step": "2", "val_loss": "low", "path": "x"}))
     d, msgs = decide(plan, run, data)
     assert d["step"] == 2
     assert f"warning: {run / 'best.json'}: field 'step': Input should be a valid integer (+1 more); ignored" in msgs[0]
-    assert ck.read_best(run) is None
-    assert ck.update_best(run, 2, 1.5) and ck.read_best(run) == {"step": 2, "val_loss": 1.5, "path": "checkpoints/step_00000002"}
-    assert ck.retain(run, 1) == [1]
+    assert read_best(run) is None
+    assert update_best(run, 2, 1.5) and read_best(run) == {"step": 2, "val_loss": 1.5, "path": "checkpoints/step_00000002"}
+    assert retain(run, 1) == [1]
 
 
 def test_metrics_lines_torn_are_skipped_corrupt_are_named(fresh: tuple[Path, Path, Path]) -> None:

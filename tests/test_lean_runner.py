@@ -57,12 +57,14 @@ def test_the_residual_stream_is_bf16_under_autocast_and_fp32_plans_are_unchanged
 
 def _traced(cfg: StepConfig, monkeypatch: pytest.MonkeyPatch, bf16_residual: bool) -> int:
     import runner.model
+    import runner.trace
 
     class Model(GPT):
         def __init__(self, *a: object, **k: object) -> None:
             super().__init__(*a, bf16_residual=bf16_residual, **k)  # type: ignore[arg-type]
 
     monkeypatch.setattr(runner.model, "GPT", Model)
+    monkeypatch.setattr(runner.trace, "GPT", Model)     # runner.trace imports GPT by name
     return trace_memory(cfg).peak_bytes
 
 

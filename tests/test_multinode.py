@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import checkpoint as ck
+from runner.checkpoint_layout import complete_steps, step_dir
+from runner.checkpoint_meta import read_meta, verify
 from runner.launcher import child_pids
 from runner.metrics import read_metrics
 from tests.conftest import REPO, runner_env, torchrun
@@ -113,11 +114,11 @@ def test_two_nodes_train_in_sync_and_resume(two_nodes: Path) -> None:
     for x in again:
         assert (x["loss"], x["grad_norm"]) == (first[x["step"]]["loss"], first[x["step"]]["grad_norm"]), x["step"]
     assert resumed[-1]["loss"] < first[1]["loss"] - 0.5
-    steps = ck.complete_steps(run)
+    steps = complete_steps(run)
     assert steps[-1] == STEPS and start in steps
     for s in steps:
-        meta = ck.read_meta(ck.step_dir(run, s))
-        assert ck.verify(ck.step_dir(run, s)) == (True, "ok")
+        meta = read_meta(step_dir(run, s))
+        assert verify(step_dir(run, s)) == (True, "ok")
         rep = meta["replicas"]
         assert rep["kind"] == "bytes" and rep["agree"] is True and len(rep["fingerprints"]) == 2
         assert meta["world_size"] == 2
@@ -132,5 +133,5 @@ def test_two_nodes_equal_one_node(plan: Path, two_nodes: Path) -> None:
     b = {x["step"]: x for x in read_metrics(one)}
     assert sorted(a) == sorted(b) == list(range(1, STEPS + 1))
     assert [a[s]["loss"] for s in a] == [b[s]["loss"] for s in a]
-    final = [ck.read_meta(ck.step_dir(d, STEPS))["replicas"]["fingerprints"] for d in (two_nodes, one)]
+    final = [read_meta(step_dir(d, STEPS))["replicas"]["fingerprints"] for d in (two_nodes, one)]
     assert final[0] == final[1]

@@ -36,7 +36,8 @@ from pathlib import Path
 
 import pytest
 
-from runner import checkpoint as ck
+from runner.checkpoint_layout import complete_steps, list_steps, step_dir
+from runner.checkpoint_meta import read_meta, verify
 from runner.launcher import child_pids
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, runner_env, torchrun, torchrun_cmd
@@ -114,7 +115,7 @@ def wait_for(cond, timeout: float = 60, what: str = "") -> None:
 
 
 def metas(run: Path) -> list[dict]:
-    return [ck.read_meta(ck.step_dir(run, s)) for s in ck.complete_steps(run)]
+    return [read_meta(step_dir(run, s)) for s in complete_steps(run)]
 
 
 def segments(run: Path) -> list[dict]:
@@ -131,9 +132,9 @@ class Watcher(threading.Thread):
 
     def run(self) -> None:
         while not self.done.is_set():
-            for s in ck.complete_steps(self.run_dir):
+            for s in complete_steps(self.run_dir):
                 if s not in self.seen:
-                    self.seen[s] = ck.verify(ck.step_dir(self.run_dir, s))
+                    self.seen[s] = verify(step_dir(self.run_dir, s))
             time.sleep(0.01)
 
     def finish(self) -> dict[int, tuple[bool, str]]:
@@ -160,7 +161,7 @@ def test_sigkill_of_one_worker_restarts_the_group_and_resumes_exactly(tmp_path: 
     watcher = Watcher(run)
     watcher.start()
     try:
-        wait_for(lambda: len(ck.complete_steps(run)) >= 2 and len(read_metrics(run)) >= 12, what="12 steps")
+        wait_for(lambda: len(complete_steps(run)) >= 2 and len(read_metrics(run)) >= 12, what="12 steps")
         victim = worker_by_rank(proc.pid)[1]
         logged_before_kill = read_metrics(run)[-1]["step"]
         os.kill(victim, signal.SIGKILL)
@@ -176,7 +177,7 @@ def test_sigkill_of_one_worker_restarts_the_group_and_resumes_exactly(tmp_path: 
     assert resumed_from == max(killed_launch)          # the newest complete checkpoint of the killed launch
     assert max(x["step"] for x in read_metrics(run) if x["segment"] == 0) >= logged_before_kill > 1
     assert_losses_continue_exactly(run, ref, resumed_from)
-    assert set(ck.complete_steps(run)) <= set(seen)
+    assert set(complete_steps(run)) <= set(seen)
 
 
 # ---------------------------------------------------------------- 2. kill inside a checkpoint write
@@ -205,9 +206,9 @@ def test_kill_inside_a_checkpoint_write_resumes_from_the_previous_one(tmp_path: 
     assert [s["restart_count"] for s in segs] == [0, 1]
     assert segs[1]["resumed_from_step"] == first_launch[-1]
     assert_losses_continue_exactly(run, ref, first_launch[-1])
-    if partial[0] in ck.complete_steps(run):          # the same step may be written again, by the new launch
-        assert ck.read_meta(ck.step_dir(run, partial[0]))["segment"] == 1
-    assert all(ck.verify(ck.step_dir(run, s))[0] for s in ck.complete_steps(run))
+    if partial[0] in complete_steps(run):          # the same step may be written again, by the new launch
+        assert read_meta(step_dir(run, partial[0]))["segment"] == 1
+    assert all(verify(step_dir(run, s))[0] for s in complete_steps(run))
 
 
 def test_kill_inside_the_first_checkpoint_write_starts_over(tmp_path: Path, reliability_reference) -> None:
@@ -238,12 +239,12 @@ def test_damaged_checkpoints_are_named_and_the_resume_falls_back(tmp_path: Path,
     plan, ref_run, ref = reliability_reference
     run = tmp_path / "run"
     shutil.copytree(ref_run, run)
-    *_, good, flipped, truncated = ck.complete_steps(run)
-    cut = ck.step_dir(run, truncated) / "optim_rank0.pt"
+    *_, good, flipped, truncated = complete_steps(run)
+    cut = step_dir(run, truncated) / "optim_rank0.pt"
     size = cut.stat().st_size
     with open(cut, "r+b") as f:
         f.truncate(size // 2)                       # a copy or a disk that lost the tail
-    rot = ck.step_dir(run, flipped) / "model.pt"
+    rot = step_dir(run, flipped) / "model.pt"
     data = bytearray(rot.read_bytes())
     data[len(data) // 2] ^= 0x10                    # one flipped bit, same size
     rot.write_bytes(bytes(data))
@@ -252,14 +253,14 @@ def test_damaged_checkpoints_are_named_and_the_resume_falls_back(tmp_path: Path,
     assert (f"checkpoint step_{truncated:08d} is not usable: optim_rank0.pt has {size // 2} bytes, meta.json says "
             f"{size}; falling back to the previous one") in r.stdout
     assert f"checkpoint step_{flipped:08d} is not usable: model.pt fails its sha256 check" in r.stdout
-    assert f"resumed from {ck.step_dir(run, good)} (step {good}," in r.stdout
+    assert f"resumed from {step_dir(run, good)} (step {good}," in r.stdout
     assert segments(run)[1]["resumed_from_step"] == good
     assert_losses_continue_exactly(run, ref, good)
     damaged = run / "checkpoints" / ".damaged"      # kept for inspection, out of the way of the new writes
     assert sorted(p.name for p in damaged.iterdir()) == [f"step_{flipped:08d}", f"step_{truncated:08d}"]
-    assert not ck.verify(damaged / f"step_{truncated:08d}")[0]
+    assert not verify(damaged / f"step_{truncated:08d}")[0]
     assert json.loads((run / "stop.json").read_text())["reason"] == "total_steps"
-    assert all(ck.verify(ck.step_dir(run, s))[0] for s in ck.complete_steps(run))
+    assert all(verify(step_dir(run, s))[0] for s in complete_steps(run))
 
 
 # ---------------------------------------------------------------- 4. SIGTERM to every process, twice
@@ -278,7 +279,7 @@ def test_sigterm_to_every_process_twice_checkpoints_and_exits_0(tmp_path: Path, 
         t0 = time.monotonic()
         for pid in pids:
             os.kill(pid, signal.SIGTERM)
-        wait_for(lambda: set(ck.list_steps(run)) - set(ck.complete_steps(run)), timeout=10, what="the final write")
+        wait_for(lambda: set(list_steps(run)) - set(complete_steps(run)), timeout=10, what="the final write")
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGTERM)
@@ -292,8 +293,8 @@ def test_sigterm_to_every_process_twice_checkpoints_and_exits_0(tmp_path: Path, 
     stop = json.loads((run / "stop.json").read_text())
     assert stop["reason"] == "signal" and stop["signals"][:2] == ["SIGTERM", "SIGTERM"]
     assert stop["step"] == read_metrics(run)[-1]["step"]          # the step in flight, and no further
-    assert ck.verify(ck.step_dir(run, stop["step"])) == (True, "ok")
-    assert ck.list_steps(run) == ck.complete_steps(run)           # nothing half-written left behind
+    assert verify(step_dir(run, stop["step"])) == (True, "ok")
+    assert list_steps(run) == complete_steps(run)           # nothing half-written left behind
     # bounded: one step, the validation-free 1 s write and process exits; far inside the 60 s
     # torchrun allows (TORCH_ELASTIC_SHUTDOWN_TIMEOUT) before it would SIGKILL the workers
     assert took < 20, took
@@ -326,11 +327,11 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_stops_cleanly(
     errors = [x for x in r.stderr.splitlines() if x.startswith("error:")]
     assert len(errors) == 1, r.stderr
     stop = json.loads((run / "stop.json").read_text())
-    failed, kept = stop["step"], ck.complete_steps(run)
+    failed, kept = stop["step"], complete_steps(run)
     assert stop["reason"] == "write_error" and stop["exit_code"] == 4 and stop["checkpoint"] is None
     assert len(kept) == 2 and kept[-1] < failed                  # writes 1 and 2; write 3 never listed
-    assert ck.list_steps(run) == kept                             # its partial directory is gone
-    assert all(ck.verify(ck.step_dir(run, s)) == (True, "ok") for s in kept)
+    assert list_steps(run) == kept                             # its partial directory is gone
+    assert all(verify(step_dir(run, s)) == (True, "ok") for s in kept)
     assert errors[0] == (f"error: checkpoint step_{failed:08d} could not be written: rank {rank}: {strerror} "
                          f"[errno {errno_name}] (rng_rank{rank}.pt); stopped at step {failed}, step_{kept[-1]:08d} "
                          "is the last checkpoint (free disk space or fix the run dir, then run the same command "
@@ -340,7 +341,7 @@ def test_a_failed_checkpoint_write_keeps_the_previous_one_and_stops_cleanly(
         return
     r = nanoplan_run(plan, run)                                   # the disk has room again
     assert r.returncode == 0, r.stderr[-3000:]
-    assert f"resumed from {ck.step_dir(run, kept[-1])} (step {kept[-1]}," in r.stdout
+    assert f"resumed from {step_dir(run, kept[-1])} (step {kept[-1]}," in r.stdout
     rows = [x for x in read_metrics(run) if x["segment"] == 1]
     assert [x["step"] for x in rows] == list(range(kept[-1] + 1, 31))
     assert json.loads((run / "stop.json").read_text())["reason"] == "total_steps"
@@ -382,12 +383,12 @@ def test_dollar_budget_holds_across_a_crash_with_slow_writes(tmp_path: Path, tin
     assert restart_s > 0.5, restart_s                                     # a restart takes real time ...
     counted_s = (segs[1]["carried_hours"] - first[-1]["elapsed_hours"]) * 3600
     assert counted_s >= SCALE * (restart_s - 0.1), (counted_s, restart_s)  # ... and it is paid for
-    ckpt_h = ck.read_meta(ck.step_dir(run, segs[1]["resumed_from_step"]))["elapsed_hours"]
+    ckpt_h = read_meta(step_dir(run, segs[1]["resumed_from_step"]))["elapsed_hours"]
     assert second[0]["elapsed_hours"] > segs[1]["carried_hours"] > first[-1]["elapsed_hours"] > ckpt_h
     stop = json.loads((run / "stop.json").read_text())
-    final = ck.read_meta(ck.step_dir(run, stop["step"]))
+    final = read_meta(step_dir(run, stop["step"]))
     assert stop["reason"] == "deadline" and stop["step"] == rows[-1]["step"] < stop["total_steps"]
-    assert ck.verify(ck.step_dir(run, stop["step"])) == (True, "ok")
+    assert verify(step_dir(run, stop["step"])) == (True, "ok")
     for usd in [x["usd_spent"] for x in rows] + [final["usd_spent"], stop["usd_spent"]]:
         assert usd <= BUDGET_USD
     assert final["usd_spent"] == pytest.approx(final["elapsed_hours"] * 2 * PRICE)

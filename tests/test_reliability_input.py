@@ -32,7 +32,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-import nanoplan as cli
+from nanoplan import cli
 from planner.plan import Plan
 from planner.profiles import HardwareProfile
 from tests.conftest import REPO, make_tiny_plan, runner_env
@@ -466,15 +466,16 @@ class Payload:
 
 def reseal(ckdir: Path) -> None:
     """Recompute meta.json's checksums, as a forger would, so that only torch.load can refuse."""
-    from runner import checkpoint as ck
+    from runner.checkpoint_meta import verify
+    from runner.torch_files import sha256_file
 
     meta = json.loads((ckdir / "meta.json").read_text())
     for name in meta["files"]:
-        meta["files"][name] = {"sha256": ck.sha256_file(ckdir / name), "bytes": (ckdir / name).stat().st_size}
+        meta["files"][name] = {"sha256": sha256_file(ckdir / name), "bytes": (ckdir / name).stat().st_size}
     from runner.runfiles import seal
 
     (ckdir / "meta.json").write_text(json.dumps(seal(meta)))    # meta.json's own checksum too
-    assert ck.verify(ckdir) == (True, "ok")
+    assert verify(ckdir) == (True, "ok")
 
 
 @pytest.fixture(scope="module")
@@ -519,12 +520,13 @@ def test_a_checkpoint_file_that_is_not_ours_is_refused(tmp_path: Path, finished_
     recomputed: exit 2, one line naming the file, and nothing in the file is executed."""
     import shutil
 
-    from runner import checkpoint as ck
+    from runner.checkpoint_layout import step_dir
+    from runner.checkpoint_meta import verify
 
     plan, base = finished_run
     run, marker = tmp_path / "run", tmp_path / "PAYLOAD-RAN"
     shutil.copytree(base, run)
-    ckdir = ck.step_dir(run, 2)
+    ckdir = step_dir(run, 2)
     forge(ckdir / name, marker)
     reseal(ckdir)
     r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run), "--resume"],
@@ -536,7 +538,7 @@ def test_a_checkpoint_file_that_is_not_ours_is_refused(tmp_path: Path, finished_
     assert errors[0].startswith(f"error: {ckdir / name}: refused by torch.load(weights_only=True): {says}"), errors[0]
     assert errors[0].endswith("(it is not a nanoplan checkpoint; move it out of the run dir, or use another --run-dir)")
     assert not marker.exists()
-    assert ck.verify(ckdir) == (True, "ok")           # refused, not mistaken for damage and set aside
+    assert verify(ckdir) == (True, "ok")           # refused, not mistaken for damage and set aside
 
 
 def test_a_dcp_metadata_pickle_payload_is_refused(tmp_path: Path) -> None:

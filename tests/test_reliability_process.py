@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from planner.plan import load_plan
-from runner import checkpoint as ck
 from runner import runlock
+from runner.checkpoint_layout import step_dir
+from runner.checkpoint_meta import verify
 from runner.launcher import handles_sigterm
 from runner.metrics import read_metrics
 from runner.preflight import run_preflight
@@ -120,7 +121,7 @@ def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_t
     assert a.returncode == 0, term.out.decode(errors="replace")[-3000:]
     stop = json.loads((run / "stop.json").read_text())
     assert stop["reason"] == "signal" and stop["signals"] and stop["step"] == read_metrics(run)[-1]["step"]
-    assert ck.verify(ck.step_dir(run, stop["step"])) == (True, "ok")
+    assert verify(step_dir(run, stop["step"])) == (True, "ok")
     assert [r["step"] for r in read_metrics(run)] == list(range(1, stop["step"] + 1))   # one writer only
     assert {r["segment"] for r in read_metrics(run)} == {0}
 
@@ -135,7 +136,7 @@ def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_t
         kill_tree(a2)
     stop2 = json.loads((run / "stop.json").read_text())
     assert stop2["reason"] == "signal" and stop2["segment"] == 1 and stop2["step"] > stop["step"]
-    assert ck.verify(ck.step_dir(run, stop2["step"])) == (True, "ok")
+    assert verify(step_dir(run, stop2["step"])) == (True, "ok")
     wait_for(lambda: runlock.probe(run, runlock.LAUNCH_LOCK) is None and runlock.probe(run, runlock.TRAIN_LOCK)
              is None, timeout=30, what="the locks to be released by the kernel")
 
@@ -202,7 +203,7 @@ def test_ctrl_c_in_the_first_seconds_stops_the_run(tmp_path: Path, tiny_plan) ->
     assert "got SIGINT" in err and "exitcode" not in err
     stop = json.loads((run / "stop.json").read_text())
     assert stop["reason"] == "signal" and stop["signals"], stop
-    assert stop["step"] <= 2 and ck.verify(ck.step_dir(run, stop["step"])) == (True, "ok")
+    assert stop["step"] <= 2 and verify(step_dir(run, stop["step"])) == (True, "ok")
     assert [s["restart_count"] for s in segments(run)] == [0]     # torchrun restarted nothing
     print(f"worker had no SIGTERM handler yet when signalled: {unready}")
 
@@ -301,7 +302,7 @@ def test_disk_full_outside_a_checkpoint_write_stops_with_exit_4(tmp_path: Path, 
                     "stopped at step 6, step_00000006 is the last checkpoint (free disk space or fix the run dir, "
                     "then run the same command to resume)")
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
-    assert stop["step"] == 6 and ck.verify(ck.step_dir(run, 6)) == (True, "ok")
+    assert stop["step"] == 6 and verify(step_dir(run, 6)) == (True, "ok")
     assert [s["restart_count"] for s in segments(run)] == [0]
 
 

@@ -17,7 +17,8 @@ from planner.build import build_plan
 from planner.plan import PlanRequest, load_plan, save_plan
 from planner.profiles import find_profile
 from planner.spec import nanochat
-from runner import checkpoint as ck
+from runner.checkpoint_layout import step_dir
+from runner.checkpoint_meta import verify
 from runner.metrics import read_metrics
 from runner.preflight import check_data, check_resume, run_preflight
 from tests.conftest import REPO, runner_env
@@ -99,7 +100,7 @@ def test_refuses_another_plans_checkpoints_and_a_missing_resume(tmp_path: Path, 
     run = tmp_path / "run"
     line = one_error_line(nanoplan("run", str(plan), "--run-dir", str(run), "--resume"))
     assert "no complete checkpoint to resume from" in line
-    d = ck.step_dir(run, 5)
+    d = step_dir(run, 5)
     d.mkdir(parents=True)
     (d / "meta.json").write_text(json.dumps({"step": 5, "plan_hash": "0123456789abcdef"}))
     line = one_error_line(nanoplan("run", str(plan), "--run-dir", str(run)))
@@ -148,7 +149,7 @@ def test_sigterm_checkpoints_exits_0_and_the_next_run_resumes(tmp_path: Path, ti
     assert stop["reason"] == "signal" and stop["signals"] == ["SIGTERM"]
     step = stop["step"]
     assert 5 <= step < 150 and read_metrics(run)[-1]["step"] == step
-    assert ck.verify(ck.step_dir(run, step)) == (True, "ok")
+    assert verify(step_dir(run, step)) == (True, "ok")
 
     r = nanoplan("run", str(plan), "--run-dir", str(run), timeout=120)   # resumes automatically
     assert r.returncode == 0, r.stderr[-3000:]

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from runner.clock import CKPT_FALLBACK_MIN_S, BudgetGuard, Clock, deadline_seconds, restart_carried_s
-from runner.train import lr_multiplier
+from runner.schedule import lr_multiplier
 
 
 class FakeTime:

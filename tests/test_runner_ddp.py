@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from runner import checkpoint as ck
+from runner.checkpoint_layout import complete_steps, list_steps, step_dir
+from runner.checkpoint_meta import read_meta, verify
+from runner.checkpoint_retention import read_best
 from runner.launcher import child_pids
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, runner_env, torchrun, torchrun_cmd
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 
 def metas(run_dir: Path) -> list[dict]:
-    return [ck.read_meta(ck.step_dir(run_dir, s)) for s in ck.complete_steps(run_dir)]
+    return [read_meta(step_dir(run_dir, s)) for s in complete_steps(run_dir)]
 
 
 EVERY_S = 0.15   # checkpoint cadence of the reference run: 0.0025 minutes
@@ -65,11 +67,11 @@ def test_ddp_learns_and_replicas_stay_identical(reference) -> None:
         rep = m["replicas"]
         assert rep["agree"] is True and rep["kind"] == "bytes" and len(set(rep["fingerprints"])) == 1
         assert len(rep["fingerprints"]) == 2
-        assert ck.verify(ck.step_dir(run, m["step"])) == (True, "ok")
+        assert verify(step_dir(run, m["step"])) == (True, "ok")
     assert len({m["replicas"]["fingerprints"][0] for m in ms}) == len(ms)   # they do change with training
     assert ms[-1]["val_loss"] == vals[-1]
     best = min((m for m in ms if m["val_loss"] is not None), key=lambda m: m["val_loss"])
-    assert ck.read_best(run)["step"] == best["step"]
+    assert read_best(run)["step"] == best["step"]
     assert json.loads((run / "stop.json").read_text())["reason"] == "total_steps"
     info = json.loads((run / "run_info.json").read_text())
     assert info["world_size"] == 2 and info["plan_hash"] == ms[0]["plan_hash"] and info["device"] == "cpu"
@@ -104,9 +106,9 @@ def test_estimate_plan_runs_as_is_and_stops_at_the_deadline(tmp_path: Path, tiny
     stop = json.loads((run / "stop.json").read_text())
     rows = read_metrics(run)
     assert stop["reason"] == "deadline" and stop["step"] == rows[-1]["step"] < rows[-1]["total_steps"]
-    final = ck.step_dir(run, stop["step"])
-    assert ck.verify(final) == (True, "ok")
-    meta = ck.read_meta(final)
+    final = step_dir(run, stop["step"])
+    assert verify(final) == (True, "ok")
+    meta = read_meta(final)
     assert meta["elapsed_hours"] <= 0.01           # the budget is never exceeded, final write included
     assert stop["elapsed_hours"] <= 0.01
     assert meta["write_seconds"] >= 1.0            # the slow write was measured and reserved for
@@ -124,8 +126,8 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_losses(tmp_path: Path, r
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None:
-            done = ck.complete_steps(run)
-            pending = [s for s in ck.list_steps(run) if s not in done and done and s > done[-1]]
+            done = complete_steps(run)
+            pending = [s for s in list_steps(run) if s not in done and done and s > done[-1]]
             if done and done[-1] >= 3 and pending:
                 killed_during = pending[0]
                 for pid in [*child_pids(proc.pid), proc.pid]:   # the workers (own sessions) and torchrun
@@ -138,8 +140,8 @@ def test_resume_after_sigkill_repeats_the_uninterrupted_losses(tmp_path: Path, r
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
     assert killed_during is not None, "the run ended before it could be killed"
-    resume_step = ck.complete_steps(run)[-1]
-    assert not ck.verify(ck.step_dir(run, killed_during))[0]
+    resume_step = complete_steps(run)[-1]
+    assert not verify(step_dir(run, killed_during))[0]
     before = read_metrics(run)
 
     r = torchrun(plan, run)

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import torch
 
-from runner import checkpoint as ck
+from runner.checkpoint_layout import step_dir
 from runner.metrics import read_metrics
+from runner.torch_files import load_torch
 from tests.conftest import REPO, runner_env
 
 
@@ -28,13 +29,13 @@ def test_single_process_muon_run_checkpoints_and_resumes(tmp_path: Path, tiny_pl
     assert [x["step"] for x in rows] == list(range(1, 13)) and rows[0]["world_size"] == 1
     assert rows[-1]["loss"] < rows[0]["loss"] - 1.0
     assert rows[0]["lr"] == 0.02 * 0.5 and rows[1]["lr"] == 0.02   # Muon's group, warmup of 2 steps
-    final = ck.step_dir(run, 12)
-    opt = ck.load_torch(final / "optim_rank0.pt")
+    final = step_dir(run, 12)
+    opt = load_torch(final / "optim_rank0.pt")
     assert len(opt["optimizer"]["optimizers"]) == 2                 # Muon for hidden matrices + AdamW
     assert [s["last_epoch"] for s in opt["schedulers"]] == [12, 12]
-    model = ck.load_torch(final / "model.pt")
+    model = load_torch(final / "model.pt")
     assert "wte.weight" in model and not any(k.startswith(("module.", "_orig_mod.")) for k in model)
-    rng = ck.load_torch(final / "rng_rank0.pt")
+    rng = load_torch(final / "rng_rank0.pt")
     assert isinstance(rng["torch"], torch.Tensor)
 
     r = train(plan, run, "--resume")
@@ -46,7 +47,7 @@ def test_single_process_muon_run_checkpoints_and_resumes(tmp_path: Path, tiny_pl
 def test_replica_fingerprint_is_bit_exact() -> None:
     from planner.spec import preset
     from runner.model import GPT
-    from runner.train import replica_fingerprint
+    from runner.replicas import replica_fingerprint
 
     a, b = GPT(preset("tiny")), GPT(preset("tiny"))
     a.init_weights(3)

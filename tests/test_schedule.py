@@ -267,7 +267,8 @@ def test_killed_and_resumed_run_ends_its_schedule_once(tmp_path, tiny_data) -> N
     import subprocess
     import time
 
-    from runner import checkpoint as ck
+    from runner.checkpoint_layout import complete_steps, step_dir
+    from runner.checkpoint_meta import read_meta
     from runner.launcher import child_pids
     from runner.metrics import read_metrics
     from tests.conftest import REPO, runner_env, torchrun, torchrun_cmd
@@ -280,8 +281,8 @@ def test_killed_and_resumed_run_ends_its_schedule_once(tmp_path, tiny_data) -> N
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and proc.poll() is None and killed_at is None:
-            done = ck.complete_steps(run)
-            meta = (ck.read_meta(ck.step_dir(run, done[-1])) or {}) if done else {}
+            done = complete_steps(run)
+            meta = (read_meta(step_dir(run, done[-1])) or {}) if done else {}
             saved = meta.get("schedule") or {}
             # a checkpoint carries a projection, well before the end
             if saved and saved["total"] < saved["planned_total"] and saved["total"] - done[-1] > 20:
@@ -295,8 +296,8 @@ def test_killed_and_resumed_run_ends_its_schedule_once(tmp_path, tiny_data) -> N
                 os.kill(pid, signal.SIGKILL)
         proc.wait(timeout=30)
     assert killed_at is not None, "the run ended before it could be killed"
-    resumed_from = ck.complete_steps(run)[-1]
-    saved = ck.read_meta(ck.step_dir(run, resumed_from))["schedule"]
+    resumed_from = complete_steps(run)[-1]
+    saved = read_meta(step_dir(run, resumed_from))["schedule"]
     assert saved["total"] < saved["planned_total"]
 
     r = torchrun(plan, run, timeout=120)

@@ -25,7 +25,8 @@ import pytest
 import torch
 
 from planner.plan import load_plan
-from runner import checkpoint as ck
+from runner.checkpoint_layout import ckpt_root, complete_steps, step_dir
+from runner.checkpoint_meta import read_meta, verify
 from runner.metrics import read_metrics
 from runner.model import GPT
 from tests.conftest import REPO, make_tiny_plan, runner_env
@@ -107,12 +108,12 @@ def test_learns_as_ddp_does_and_resumes_exactly(runs, ddp_run: Path) -> None:
 
 def test_checkpoints_are_sharded_and_verify(runs) -> None:
     st, run = runs
-    steps = ck.complete_steps(run)
+    steps = complete_steps(run)
     assert len(steps) >= KILLED_WRITE and steps[-1] == STEPS
     for s in steps:
-        path = ck.step_dir(run, s)
-        assert ck.verify(path) == (True, "ok")
-        meta = ck.read_meta(path)
+        path = step_dir(run, s)
+        assert verify(path) == (True, "ok")
+        meta = read_meta(path)
         files, rep = set(meta["files"]), meta["replicas"]
         assert {"optim_rank0.pt", "rng_rank0.pt", "rng_rank1.pt"} <= files
         if st == "zero1":            # DDP layout: one model.pt, the optimizer state consolidated on rank 0
@@ -126,7 +127,7 @@ def test_checkpoints_are_sharded_and_verify(runs) -> None:
     # the 4th write died before its meta.json: the restart deleted it and resumed from the 3rd
     start = json.loads((run / "run_info.json").read_text())["segments"][1]["resumed_from_step"]
     assert start in steps and len([s for s in steps if s <= start]) == KILLED_WRITE - 1
-    assert not (ck.ckpt_root(run) / ".damaged").exists()
+    assert not (ckpt_root(run) / ".damaged").exists()
 
 
 def _shard_fingerprint(full: dict[str, torch.Tensor], names: list[str], rank: int, world: int) -> str:
@@ -139,7 +140,7 @@ def _shard_fingerprint(full: dict[str, torch.Tensor], names: list[str], rank: in
 
 def test_export_model_equals_the_live_model(runs, ddp_run: Path, tmp_path: Path) -> None:
     st, run = runs
-    meta = ck.read_meta(ck.step_dir(run, STEPS))
+    meta = read_meta(step_dir(run, STEPS))
     sd = export(run, STEPS, tmp_path / "model.pt")
     plan = load_plan(Path(json.loads((run / "run_info.json").read_text())["plan_path"]))
     model = GPT(plan.request.model)
@@ -153,6 +154,6 @@ def test_export_model_equals_the_live_model(runs, ddp_run: Path, tmp_path: Path)
         assert prints == [h.hexdigest()] * 2
     else:
         assert prints == [_shard_fingerprint(sd, names, r, 2) for r in range(2)]
-    ddp = torch.load(ck.step_dir(ddp_run, STEPS) / "model.pt", weights_only=True)
+    ddp = torch.load(step_dir(ddp_run, STEPS) / "model.pt", weights_only=True)
     for n in names:
         torch.testing.assert_close(sd[n], ddp[n], rtol=0, atol=0 if st == "zero1" else 1e-4)

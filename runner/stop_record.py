@@ -1,0 +1,67 @@
+"""How a worker's run ends: its exit code, its one-line error, RUN_DIR/stop.json, and the status
+file through which `nanoplan run` learns the code.
+
+Exit codes: 0 a clean stop (budget, total_steps, patience, a signal), 2 bad input, 3 a loss that
+is not finite, 4 a run file that could not be written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from runner.checkpoint_layout import complete_steps
+from runner.launcher import ENV_STATUS, io_problem
+from runner.metrics import STOP, write_json
+
+EXIT_OK, EXIT_USAGE, EXIT_NAN, EXIT_WRITE = 0, 2, 3, 4
+DELIBERATE = (EXIT_USAGE, EXIT_NAN, EXIT_WRITE)
+
+
+def exit_code(reason: str | None) -> int:
+    """The exit code of a run that stopped for `reason` (the stop reasons of runner/train.py)."""
+    return {"nan": EXIT_NAN, "write_error": EXIT_WRITE}.get(str(reason), EXIT_OK)
+
+
+def stop_error(reason: str | None, step: int, write_error: str | None, run_dir: Path) -> str | None:
+    """The one-line error of a run that stopped for `reason`, with its fix; None for a clean stop."""
+    if reason == "nan":
+        return ("the loss is not finite; stopped without a checkpoint "
+                "(lower request.hyper.lr in the plan, or check the data)")
+    if reason == "write_error":
+        good = complete_steps(run_dir)
+        kept = f"step_{good[-1]:08d} is the last checkpoint" if good else "there is no checkpoint yet"
+        return (f"{write_error}; stopped at step {step}, {kept} "
+                "(free disk space or fix the run dir, then run the same command to resume)")
+    return None
+
+
+def record_stop(run_dir: Path, data: dict[str, Any]) -> bool | str:
+    """Write RUN_DIR/stop.json; True, or the problem when that fails too (a full or broken disk)."""
+    try:
+        write_json(run_dir / STOP, data)
+        return True
+    except OSError as e:
+        return io_problem(run_dir / STOP, e)
+
+
+def report_exit(code: int, error: str | None = None) -> int:
+    """The process's exit code.
+
+    When `nanoplan run` launched this worker it sets NANOPLAN_STATUS_FILE (one per node):
+    local rank 0 writes {"exit_code", "error"} there, and a deliberate failure (bad input, a
+    NaN loss, a failed checkpoint write) exits 0. A non-zero exit would make torchrun restart
+    into the same failure (--max-restarts) and print its ChildFailedError report; nanoplan run
+    exits with the recorded code instead. Without the variable (plain torchrun) the code is
+    returned as is.
+    """
+    status = os.environ.get(ENV_STATUS)
+    if not status:
+        return code
+    if int(os.environ.get("LOCAL_RANK", "0")) == 0:
+        try:
+            write_json(Path(status), {"exit_code": code, "error": error})
+        except OSError:
+            return code
+    return EXIT_OK if code in DELIBERATE else code

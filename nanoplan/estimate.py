@@ -206,8 +206,8 @@ def estimate(
 def trainer_model(trainer: str, version: str | None, *, depth: int | None, preset: str | None, seq_len: int | None,
                   vocab: int | None) -> ModelSpec | None:
     """The trainer's own model for --depth (nanochat) or --preset (torchtitan's flavours); None: the usual flags."""
-    from planner.trainers import TRAINERS, trainer_for  # noqa: PLC0415
     from planner.plan import TrainerRef  # noqa: PLC0415
+    from planner.trainers import TRAINERS, trainer_for  # noqa: PLC0415
 
     if trainer not in TRAINERS:
         raise PlanError("--trainer", f"unknown trainer {trainer!r}", f"choose one of {', '.join(TRAINERS)}")

@@ -24,8 +24,9 @@ from planner.plan import (
     TrainingPlan,
 )
 from planner.profiles import Hardware, parse_gpu_spec
-from planner.trainers import trainer_for
 from planner.throughput import Throughput, estimate_throughput
+from planner.trainers import trainer_for
+from planner.trainers.launch_files import launch_argv
 from planner.units import fmt_bytes, fmt_count
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
@@ -100,9 +101,10 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
     if not fit:
+        fix = ("try a smaller device batch, --activation-checkpointing, or --strategy zero1/zero2/fsdp"
+               if req.trainer.name == "nanoplan" else f"see what {req.trainer.name} can do in docs/trainers.md")
         out.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(cap)} usable after "
-                   f"{req.headroom:.0%} headroom; try a smaller device batch, --activation-checkpointing, "
-                   "or --strategy zero1/zero2/fsdp")
+                   f"{req.headroom:.0%} headroom; {fix}")
     if sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM and req.max_epochs and sched.epochs \
             and sched.epochs >= req.max_epochs * 0.999:
         out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/param after {sched.epochs:.1f} epochs "
@@ -206,8 +208,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                           command=torchrun_command(plan_path, hw.gpus_per_node, req.run_dir, nnodes=hw.nodes,
                                                    node_rank="$NODE_RANK" if hw.nodes > 1 else 0,
                                                    python="python") if tr is None else
-                          tr.launch(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
-                                    steps, ckpt_steps)),
+                          launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
+                                      steps, ckpt_steps)),
         warnings=_warnings(req, hw, mem, fit, sched, N),
     )
 

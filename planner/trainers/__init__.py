@@ -11,7 +11,7 @@ a `Trainer` here says, with a source for each part, what that trainer's step doe
   parts the trainer shares with the runner, plus what it does differently (nanochat: a bf16 token
   embedding, sharded optimizer state and full logits; torchtitan: fp32 sharded state under FSDP2 mixed
   precision and its activation-checkpoint modes; DeepSpeed: ZeRO's fp32 master state and buckets);
-- its parameter and FLOP counts (`counts`) and its launch command (`launch`).
+- its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py.
 
 planner/build.py calls `trainer_for(ref)` in three places (memory, model counts, launch); this
 package never imports planner.build, so there is no cycle. Per-trainer modules: nanochat.py,
@@ -95,9 +95,6 @@ class Trainer:
         return Counts(n_params=n_params(spec), by_group=param_counts(spec).as_dict(),
                       matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec))
 
-    def launch(self, req: PlanRequest, nodes: int, gpus_per_node: int, steps: int, save_every: int) -> list[str]:
-        """The trainer's launch command for the plan (what `nanoplan export --for` writes, in one line)."""
-        raise NotImplementedError
 
 
 def with_overheads(allocated: int, peak_phase: str, breakdown: dict[str, int], phases: dict[str, int],

@@ -114,9 +114,6 @@ class DeepSpeed(Trainer):
         total = sum(breakdown.values())
         return with_overheads(total, mem.peak_phase, breakdown, phases, overheads, fragmentation)
 
-    def launch(self, req: PlanRequest, nodes: int, gpus_per_node: int, steps: int, save_every: int) -> list[str]:
-        from planner.trainers.launch_files import deepspeed_argv  # noqa: PLC0415
-        return deepspeed_argv(req, nodes, gpus_per_node, steps, save_every)
 
 
 DEEPSPEED = DeepSpeed()

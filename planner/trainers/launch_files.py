@@ -27,6 +27,10 @@ from planner.trainers.flags import NANOCHAT_FLAGS, TORCHTITAN_0_2_KEYS
 from planner.trainers.nanochat import CURRENT, DEFAULT_VOCAB, FIRST
 from planner.trainers.torchtitan import CONFIG_FN, TOML_NAME, V02, flavour_of
 
+# the tokenizer paths torchtitan's own configs name (train_configs/*.toml, config_registry.py)
+HF_ASSETS = {"debugmodel": "./tests/assets/tokenizer", "8B": "./assets/hf/Llama-3.1-8B",
+             "70B": "./assets/hf/Llama-3.1-70B", "405B": "./assets/hf/Llama-3.1-405B"}
+
 
 def _micro_and_accum(req: PlanRequest, gpus: int) -> tuple[int, int]:
     b = req.device_batch_size or 1
@@ -138,7 +142,7 @@ def torchtitan_toml(plan: Plan) -> dict[str, dict[str, Any]]:
     h = req.hyper
     doc: dict[str, dict[str, Any]] = {
         "job": {"dump_folder": "./outputs", "description": f"nanoplan: Llama 3 {flavour} on {plan.hardware.spec}"},
-        "model": {"name": "llama3", "flavor": flavour, "hf_assets_path": "./assets/hf/Llama-3.1-8B"},
+        "model": {"name": "llama3", "flavor": flavour, "hf_assets_path": HF_ASSETS[flavour]},
         "optimizer": {"name": "AdamW", "lr": h.lr, "beta1": h.betas[0], "beta2": h.betas[1], "eps": 1e-8,
                       "weight_decay": h.weight_decay},
         "lr_scheduler": {"warmup_steps": h.warmup_steps},
@@ -230,6 +234,16 @@ def deepspeed_files(plan: Plan, version_line: str) -> dict[str, str]:
 
 # --------------------------------------------------------------------------- shared
 
+def launch_argv(req: PlanRequest, nodes: int, gpus_per_node: int, steps: int, save_every: int) -> list[str]:
+    """The trainer's launch command for a plan (LaunchPlan.command; the last line of the exported train.sh)."""
+    name = req.trainer.name
+    if name == "nanochat":
+        return nanochat_argv(req, gpus_per_node, steps, save_every)
+    if name == "torchtitan":
+        return torchtitan_argv(req, nodes, gpus_per_node, steps, save_every)
+    return deepspeed_argv(req, nodes, gpus_per_node, steps, save_every)
+
+
 def _script(version_line: str, notes: list[str], where: str, command: str) -> str:
     lines = ["#!/usr/bin/env bash", f"# {version_line}", *[f"# {n}" for n in notes], f"# {where}",
              "set -euo pipefail", command.replace("'$NODE_RANK'", "$NODE_RANK").replace(
@@ -247,7 +261,8 @@ def launch_files(plan: Plan) -> dict[str, str]:
     if tr is None:
         raise ValueError("a nanoplan plan has no other trainer's files")
     v = tr.version(plan.request.trainer.version)
-    line = (f"{tr.name} {v.key} ({v.label}; {tr.repo}@{v.ref[:12] if len(v.ref) == 40 else v.ref}, {v.date}): "
+    where = f"{tr.repo}@{v.ref[:12]}" if len(v.ref) == 40 else v.ref
+    line = (f"{tr.name} {v.key} ({v.label}; {where}, {v.date}): "
             f"{plan.model.name} on {plan.hardware.spec}, by nanoplan {__version__}")
     maker = {"nanochat": nanochat_files, "torchtitan": torchtitan_files, "deepspeed": deepspeed_files}[tr.name]
     return maker(plan, line)

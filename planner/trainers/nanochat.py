@@ -200,9 +200,6 @@ class Nanochat(Trainer):
         # allowance (an assumption for the default allocator) is not added.
         return with_overheads(totals[name], name, kinds, totals, overheads, 0.0)
 
-    def launch(self, req: PlanRequest, nodes: int, gpus_per_node: int, steps: int, save_every: int) -> list[str]:
-        from planner.trainers.launch_files import nanochat_argv  # noqa: PLC0415
-        return nanochat_argv(req, gpus_per_node, steps, save_every)
 
 
 NANOCHAT = Nanochat()

@@ -150,9 +150,6 @@ class Torchtitan(Trainer):
         # run_train.sh launches with PYTORCH_ALLOC_CONF="expandable_segments:True": no fragmentation allowance
         return with_overheads(total, mem.peak_phase, breakdown, phases, overheads, 0.0)
 
-    def launch(self, req: PlanRequest, nodes: int, gpus_per_node: int, steps: int, save_every: int) -> list[str]:
-        from planner.trainers.launch_files import torchtitan_argv  # noqa: PLC0415
-        return torchtitan_argv(req, nodes, gpus_per_node, steps, save_every)
 
 
 TORCHTITAN = Torchtitan()

@@ -14,13 +14,13 @@ from typing import Any
 
 from planner.build import build_plan, hardware_of
 from planner.plan import Plan, PlanRequest, TrainerRef
+from planner.profiles import parse_gpu_spec
 from planner.trainers import Trainer, refuse_first, trainer_for
 from planner.units import fmt_bytes
 
 
 def _request(tr: Trainer, version: str, spec: Any, base: dict[str, Any], user: dict[str, Any]) -> PlanRequest:
-    probe = PlanRequest.model_validate({**base, "model": spec})
-    g = hardware_of(probe).num_gpus
+    g = parse_gpu_spec(base["gpu"], profile=base.get("profile")).num_gpus
     req = PlanRequest.model_validate({**base, **tr.request_fields(user, g, version), "model": spec})
     hw = hardware_of(req)
     refuse_first(tr.problems(req, hw.num_gpus, hw.nodes, hw.profile.kind), tr.name, version)

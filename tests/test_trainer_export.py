@@ -22,10 +22,10 @@ import os
 import shlex
 import stat
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from nanoplan.cli import main
 from planner.plan import Plan, load_plan

@@ -32,6 +32,7 @@ from planner.units import parse_count, parse_hours, parse_money
 Opt = typer.Option
 LENGTH, MODEL, BATCH, HARDWARE, SEARCH, OUTPUT = ("Length and data", "Model", "Batch and memory",
                                                   "Hardware and price", "Search", "Output")
+TRAINER = "Trainer"
 
 
 @app.command(help="Plan one training run: model, memory, batch, throughput, hours, tokens and dollars. With no "
@@ -83,7 +84,8 @@ def estimate(
     no_activation_checkpointing: Annotated[bool, Opt("--no-activation-checkpointing", hidden=True)] = False,
     precision: Annotated[Optional[str], Opt(metavar="P", rich_help_panel=BATCH,
                                             help="bf16-autocast | bf16 | fp32 (CPU: fp32)")] = None,
-    optimizer: Annotated[str, Opt(metavar="NAME", rich_help_panel=BATCH, help="adamw | muon")] = "adamw",
+    optimizer: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=BATCH,
+                                            help="adamw | muon (default: adamw; a --trainer's own)")] = None,
     loss_chunk_tokens: Annotated[int, Opt(metavar="N", rich_help_panel=BATCH,
                                           help="Tokens per chunk of the loss (0: whole batch)")] = DEFAULT_LOSS_CHUNK_TOKENS,
     compile: Annotated[bool, Opt("--compile", metavar=FLAG, rich_help_panel=BATCH,
@@ -119,6 +121,14 @@ def estimate(
     checkpoint_every_minutes: Annotated[float, Opt(metavar="MIN", rich_help_panel=OUTPUT,
                                                    help="Checkpoint cadence in minutes")] = 60.0,
     keep_last: Annotated[int, Opt(metavar="N", rich_help_panel=OUTPUT, help="Checkpoints kept (plus the best)")] = 3,
+    trainer: Annotated[str, Opt(metavar="NAME", rich_help_panel=TRAINER,
+                                help="Whose training step to plan: nanoplan (this runner) | nanochat | torchtitan | "
+                                     "deepspeed (docs/trainers.md)")] = "nanoplan",
+    trainer_version: Annotated[Optional[str], Opt(metavar="V", rich_help_panel=TRAINER,
+                                                  help="The trainer's version: nanochat 2025-10 | 2025-11 | 2026-07, "
+                                                       "torchtitan 0.2 | 0.3, deepspeed 0.19 (default: the newest)")] = None,
+    ac_mode: Annotated[Optional[str], Opt(metavar="MODE", rich_help_panel=TRAINER,
+                                          help="torchtitan's activation checkpointing: none | selective-op | full")] = None,
 ) -> None:
     """Plan one training run (the help text is in the decorator)."""
     if activation_checkpointing and no_activation_checkpointing:
@@ -138,8 +148,13 @@ def estimate(
         usd = usd / parse_gpu_spec(gpu, profile=prof).gpus_per_node   # PlanRequest.price is per GPU-hour
     meta, ds_tokens = resolve_data(data, dataset_tokens)
     vocab = vocab_size or (meta.vocab_size if meta else None)
-    spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=n_layer, d_model=d_model,
-                         n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
+    if trainer != "nanoplan":
+        spec = trainer_model(trainer, trainer_version, depth=depth, preset=preset, seq_len=seq_len, vocab=vocab)
+    else:
+        spec = None
+    if spec is None:
+        spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=n_layer, d_model=d_model,
+                             n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
     is_cpu = prof.kind == "cpu"
     default_length = spec is not None and budget_usd is None and hours_h is None and n_steps is None
     if default_length:   # a model but no length: a compute-optimal run (Chinchilla's ~20 tokens/param)
@@ -147,7 +162,7 @@ def estimate(
     base = dict(
         gpu=gpu, profile=prof, provider=provider, price=usd, device_batch_size=device_batch_size,
         total_batch_tokens=total_batch_tokens, precision=precision or ("fp32" if is_cpu else "bf16-autocast"),
-        optimizer=optimizer, strategy=strategy or "ddp", activation_checkpointing=bool(ac),
+        optimizer=optimizer or "adamw", strategy=strategy or "ddp", activation_checkpointing=bool(ac),
         loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compiled is None else compiled,
         budget_usd=budget_usd, hours=hours_h, steps=n_steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
         data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes, keep_last=keep_last,
@@ -161,7 +176,16 @@ def estimate(
     if default_length and not json_out:
         console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
                       f"{n_steps:,} steps", style="dim", highlight=False)
-    if spec is None:
+    if trainer != "nanoplan":
+        plan = _trainer_plan(trainer, trainer_version, spec, base, plan_path, console if not json_out else None,
+                             user={"strategy": strategy, "optimizer": optimizer, "precision": precision,
+                                   "compile": compiled, "activation_checkpointing": ac, "ac_mode": ac_mode})
+    elif ac_mode is not None:
+        raise PlanError("--ac-mode", "is torchtitan's activation-checkpoint mode", "give --trainer torchtitan, or use "
+                        "--activation-checkpointing")
+    elif trainer_version is not None:
+        raise PlanError("--trainer-version", "names a version of another trainer", "give --trainer too")
+    elif spec is None:
         from planner.search import search_cli  # noqa: PLC0415
 
         plan = search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
@@ -177,6 +201,43 @@ def estimate(
     _emit(plan, write_to, json_out, console)
     if not plan.memory.fits:
         raise typer.Exit(1)
+
+
+def trainer_model(trainer: str, version: str | None, *, depth: int | None, preset: str | None, seq_len: int | None,
+                  vocab: int | None) -> ModelSpec | None:
+    """The trainer's own model for --depth (nanochat) or --preset (torchtitan's flavours); None: the usual flags."""
+    from planner.plan import TrainerRef  # noqa: PLC0415
+    from planner.trainers import TRAINERS, trainer_for  # noqa: PLC0415
+
+    if trainer not in TRAINERS:
+        raise PlanError("--trainer", f"unknown trainer {trainer!r}", f"choose one of {', '.join(TRAINERS)}")
+    tr = trainer_for(TrainerRef(name=trainer))  # type: ignore[arg-type]
+    assert tr is not None
+    v = tr.version(version).key
+    if trainer == "nanochat" and depth is not None and depth > 0:
+        from planner.trainers.nanochat import model_spec  # noqa: PLC0415
+        return model_spec(v, depth, seq_len or 2048, vocab)
+    if trainer == "torchtitan" and preset is not None:
+        from planner.trainers.torchtitan import flavour_spec  # noqa: PLC0415
+        return flavour_spec(preset, seq_len)
+    return None
+
+
+def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, base: dict, plan_path: str,
+                  console: Console | None, user: dict) -> Plan:
+    from planner.trainer_fit import plan_for_trainer  # noqa: PLC0415
+
+    if spec is None:
+        raise PlanError("--trainer", f"{trainer} plans a model you name; nanoplan searches models only for its own "
+                        "runner", {"nanochat": "give --depth N", "torchtitan": "give --preset 8B (or 70B, 405B, "
+                                   "debugmodel)"}.get(trainer, "give --preset, --depth or --n-layer/--d-model/--n-head"))
+    plan, why = plan_for_trainer(trainer, version, spec, base, user, plan_path=plan_path)
+    if why and console is not None:
+        from rich.panel import Panel  # noqa: PLC0415
+
+        console.print(Panel("\n".join(f"• {x}" for x in why), title=f"{plan.model.name} with {trainer}",
+                            title_align="left"))
+    return plan
 
 
 def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:

@@ -18,6 +18,7 @@ Opt = typer.Option
 @app.command(epilog=examples(
     ("nanoplan export plan.json --slurm --out train.sbatch", "an sbatch script"),
     ("nanoplan export plan.json --skypilot --bucket s3://my-bucket/run", "a SkyPilot task YAML"),
+    ("nanoplan export plan.json --for deepspeed --out launch/", "ds_config.json and train.sh (docs/trainers.md)"),
 ))
 def export(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.json from nanoplan estimate --out")],
@@ -29,11 +30,21 @@ def export(
     time_margin: Annotated[float, Opt(metavar="F", help="SLURM time limit = plan hours × (1 + margin)")] = 0.1,
     partition: Annotated[Optional[str], Opt(metavar="NAME", help="SLURM partition")] = None,
     account: Annotated[Optional[str], Opt(metavar="NAME", help="SLURM account")] = None,
-    out: Annotated[Optional[str], Opt(metavar="FILE", help="Write here (atomically) instead of stdout")] = None,
+    out: Annotated[Optional[str], Opt(metavar="FILE", help="Write here (atomically) instead of stdout; "
+                                      "with --for, a directory for the trainer's files")] = None,
+    for_trainer: Annotated[Optional[str], Opt("--for", metavar="TRAINER",
+        help="The trainer's own launch files for a plan made with --trainer: nanochat | torchtitan | deepspeed")] = None,
 ) -> None:
     """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
     from planner.export import skypilot_task, slurm_script  # noqa: PLC0415
 
+    if for_trainer is not None:
+        from nanoplan.export_trainer import export_for  # noqa: PLC0415
+
+        if slurm or skypilot or bucket or partition or account:
+            raise PlanError("--for", "writes the trainer's own files", "drop --slurm/--skypilot/--bucket/--partition/--account")
+        export_for(plan_path, for_trainer, out)
+        return
     if slurm == skypilot:
         raise PlanError("--slurm/--skypilot", "give exactly one of them", "e.g. nanoplan export plan.json --slurm")
     plan = load_plan(plan_path)

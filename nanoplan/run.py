@@ -68,6 +68,10 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
     from runner.launcher import Launch, LaunchWriteError, build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
+    if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step (docs/trainers.md)
+        name = plan.request.trainer.name
+        raise PlanError(plan_path, f"plans {name}'s training step, not nanoplan's runner",
+                        f"run it with {name}: nanoplan export {plan_path} --for {name}")
     fresh, stale = rederive(plan, plan_path)
     if stale:
         typer.echo(f"warning: {len(stale)} derived number(s) in {plan_path} differ from a fresh derivation "

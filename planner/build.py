@@ -20,10 +20,13 @@ from planner.plan import (
     PlanRequest,
     SchedulePlan,
     ThroughputPlan,
+    TrainerRef,
     TrainingPlan,
 )
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.throughput import Throughput, estimate_throughput
+from planner.trainers import trainer_for
+from planner.trainers.launch_files import launch_argv
 from planner.units import fmt_bytes, fmt_count
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
@@ -67,12 +70,17 @@ def step_config(req: PlanRequest, device_batch: int, num_gpus: int) -> StepConfi
     )
 
 
-def memory_of(cfg: StepConfig, hw: Hardware) -> MemoryEstimate:
+def memory_of(cfg: StepConfig, hw: Hardware, trainer: TrainerRef | None = None) -> MemoryEstimate:
+    """Per-GPU memory of the step; another trainer's step (planner/trainers/) where the plan names one."""
     ov = hw.profile.overheads
     over = {"cuda_context": ov.cuda_context_bytes} if hw.profile.kind == "gpu" else {}
     if hw.num_gpus > 1 and hw.profile.kind == "gpu":
         over["nccl_buffers"] = ov.nccl_bytes
-    return estimate(cfg, overheads=over, fragmentation=ov.fragmentation if hw.profile.kind == "gpu" else 0.0)
+    frag = ov.fragmentation if hw.profile.kind == "gpu" else 0.0
+    tr = trainer_for(trainer)
+    if tr is not None:
+        return tr.memory(cfg, trainer, over, frag)  # type: ignore[arg-type]
+    return estimate(cfg, overheads=over, fragmentation=frag)
 
 
 def fits(mem: MemoryEstimate, hw: Hardware, headroom: float) -> bool:
@@ -83,7 +91,7 @@ def choose_batch(req: PlanRequest, hw: Hardware) -> int:
     """The largest device batch that divides the target batch and fits in memory."""
     choices = batch_choices(req.total_batch_tokens, req.model.seq_len, hw.num_gpus)
     for b in choices:
-        if fits(memory_of(step_config(req, b, hw.num_gpus), hw), hw, req.headroom):
+        if fits(memory_of(step_config(req, b, hw.num_gpus), hw, req.trainer), hw, req.headroom):
             return b
     return choices[-1]
 
@@ -93,9 +101,10 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
     if not fit:
+        fix = ("try a smaller device batch, --activation-checkpointing, or --strategy zero1/zero2/fsdp"
+               if req.trainer.name == "nanoplan" else f"see what {req.trainer.name} can do in docs/trainers.md")
         out.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(cap)} usable after "
-                   f"{req.headroom:.0%} headroom; try a smaller device batch, --activation-checkpointing, "
-                   "or --strategy zero1/zero2/fsdp")
+                   f"{req.headroom:.0%} headroom; {fix}")
     if sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM and req.max_epochs and sched.epochs \
             and sched.epochs >= req.max_epochs * 0.999:
         out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/param after {sched.epochs:.1f} epochs "
@@ -122,8 +131,9 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     g = hw.num_gpus
     b = req.device_batch_size or choose_batch(req, hw)
     cfg = step_config(req, b, g)
-    mem = memory_of(cfg, hw)
+    mem = memory_of(cfg, hw, req.trainer)
     fit = fits(mem, hw, req.headroom)
+    tr = trainer_for(req.trainer)
     tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu)
     usd_per_hour = g * hw.usd_per_gpu_hour
 
@@ -147,7 +157,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
             hours = steps * tp.step_seconds / 3600
     usd = hours * usd_per_hour
 
-    N = n_params(spec)
+    N = tr.counts(spec, req.trainer).n_params if tr is not None else n_params(spec)
     tokens = steps * tp.tokens_per_step
     epochs = tokens / req.dataset_tokens if req.dataset_tokens else None
     ckpt_steps = max(1, round(req.checkpoint_every_minutes * 60 / tp.step_seconds))
@@ -176,8 +186,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                               gpus_per_node=hw.gpus_per_node, num_gpus=g, provider=hw.provider,
                               usd_per_gpu_hour=hw.usd_per_gpu_hour, price_date=hw.price_date,
                               price_source=hw.price_source),
-        model=ModelPlan(name=spec.name, n_params=N, params_by_group=param_counts(spec).as_dict(),
-                        matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec)),
+        model=_model_plan(req),
         training=TrainingPlan(device_batch_size=b, grad_accum_steps=cfg.grad_accum_steps,
                               total_batch_tokens=req.total_batch_tokens, seq_len=spec.seq_len,
                               precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
@@ -198,9 +207,23 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
         launch=LaunchPlan(run_dir=req.run_dir,
                           command=torchrun_command(plan_path, hw.gpus_per_node, req.run_dir, nnodes=hw.nodes,
                                                    node_rank="$NODE_RANK" if hw.nodes > 1 else 0,
-                                                   python="python")),
+                                                   python="python") if tr is None else
+                          launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
+                                      steps, ckpt_steps)),
         warnings=_warnings(req, hw, mem, fit, sched, N),
     )
+
+
+def _model_plan(req: PlanRequest) -> ModelPlan:
+    """The model's counts: the trainer's own (planner/trainers/) where the plan names one."""
+    spec = req.model
+    tr = trainer_for(req.trainer)
+    if tr is not None:
+        c = tr.counts(spec, req.trainer)
+        return ModelPlan(name=spec.name, n_params=c.n_params, params_by_group=c.by_group,
+                         matmul_params=c.matmul_params, flops_per_token=c.flops_per_token)
+    return ModelPlan(name=spec.name, n_params=n_params(spec), params_by_group=param_counts(spec).as_dict(),
+                     matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec))
 
 
 def _diff(path: str, stored: object, fresh: object, out: list[str]) -> None:

@@ -73,6 +73,22 @@ class Hyper(_Strict):
     patience_evals: int = Field(default=0, ge=0, le=MAX_COUNT)  # early stop after N evals without improvement; 0 = off
 
 
+TrainerName = Literal["nanoplan", "nanochat", "torchtitan", "deepspeed"]
+AcMode = Literal["none", "selective-op", "full"]
+
+
+class TrainerRef(_Strict):
+    """Whose training step the plan models (planner/trainers/): nanoplan's runner by default, or the
+    named version of another trainer. `ac_mode` is torchtitan's activation-checkpoint mode."""
+
+    name: TrainerName = "nanoplan"
+    version: str | None = Field(default=None, min_length=1, max_length=40)
+    ac_mode: AcMode | None = None
+
+
+DEFAULT_TRAINER = TrainerRef()
+
+
 class PlanRequest(_Strict):
     """Everything the user chose. The rest of the plan is derived from this."""
 
@@ -101,6 +117,7 @@ class PlanRequest(_Strict):
     mfu: float | None = Field(default=None, gt=0, le=1, **Finite)
     run_dir: str = "runs/latest"
     hyper: Hyper = Hyper()
+    trainer: TrainerRef = DEFAULT_TRAINER   # absent in plans written before trainers (nanoplan's runner)
 
     @model_validator(mode="after")
     def _one_length(self) -> PlanRequest:
@@ -276,10 +293,14 @@ UNTRAINED = ("launch", "created_by", "warnings")   # top-level fields that do no
 
 
 def trained_fields(doc: dict[str, Any]) -> dict[str, Any]:
-    """A plan document (JSON types) without the fields that do not change what it trains (and run_dir)."""
+    """A plan document (JSON types) without the fields that do not change what it trains (and run_dir).
+
+    The default trainer (nanoplan's runner) is left out too, so a plan written before the field
+    existed keeps its hash (checkpoints and the launch ledger are keyed by it)."""
     d = {k: v for k, v in doc.items() if k not in UNTRAINED}
     if isinstance(d.get("request"), dict):
-        d["request"] = {k: v for k, v in d["request"].items() if k != "run_dir"}
+        d["request"] = {k: v for k, v in d["request"].items()
+                        if k != "run_dir" and not (k == "trainer" and v == DEFAULT_TRAINER.model_dump(mode="json"))}
     return d
 
 

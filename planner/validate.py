@@ -15,6 +15,7 @@ from planner.errors import PlanError
 from planner.memory_terms import StepConfig
 from planner.plan import Plan, load_plan
 from planner.profiles import builtin_profiles
+from planner.trainers import trainer_for
 from planner.units import fmt_bytes
 
 TRACE_TOLERANCE = 0.03          # analytic vs traced allocated peak (benchmarks/results/memory_accuracy.md)
@@ -92,10 +93,11 @@ def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, tracer: Tracer 
     except PlanError as e:
         raise PlanError(path, f"its request cannot be rebuilt: {e}", "regenerate it with nanoplan estimate --out") from None
     problems = [f"stale or edited: {p}" for p in problems] + _profile_drift(plan)
-    consistent = not problems
     hw = hardware_of(fresh.request)
+    problems += trainer_problems(fresh, hw.num_gpus, hw.nodes, hw.profile.kind)
+    consistent = not problems
     cfg = plan_step_config(fresh)
-    mem = memory_of(cfg, hw)
+    mem = memory_of(cfg, hw, fresh.request.trainer)
     capacity = int(hw.profile.usable_bytes * (1.0 - headroom))
     fits = mem.total <= capacity
     if not fits:
@@ -104,11 +106,28 @@ def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, tracer: Tracer 
     check = PlanCheck(path=path, name=fresh.model.name, gpu=fresh.hardware.spec, fits=fits, consistent=consistent,
                       analytic_peak_bytes=mem.allocated_peak, per_gpu_bytes=mem.total, capacity_bytes=capacity,
                       headroom=headroom, problems=problems)
-    if tracer is not None:
+    if tracer is not None and trainer_for(fresh.request.trainer) is not None:
+        check.trace_note = (f"not traced: --trace runs nanoplan's runner step, and this plan models "
+                            f"{fresh.request.trainer.name}'s")
+    elif tracer is not None:
         fixed = sum(v for k, v in mem.overhead.items() if k != "fragmentation")
         frag = hw.profile.overheads.fragmentation if "fragmentation" in mem.overhead else 0.0
         _add_trace(check, tracer(cfg), fixed, frag)
     return check
+
+
+def trainer_problems(plan: Plan, num_gpus: int, nodes: int, gpu_kind: str) -> list[str]:
+    """What the plan's trainer cannot express (a plan edited by hand, or made by an older nanoplan)."""
+    ref = plan.request.trainer
+    tr = trainer_for(ref)
+    if tr is None:
+        return []
+    try:
+        v = tr.version(ref.version).key
+    except PlanError as e:
+        return [f"trainer: {e.problem}"]
+    return [f"trainer {tr.name} {v}: {field}: {why}" for field, why, _ in tr.problems(plan.request, num_gpus, nodes,
+                                                                                      gpu_kind)]
 
 
 def _add_trace(check: PlanCheck, t: Traced, fixed: int, frag: float) -> None:

@@ -1,0 +1,49 @@
+"""`nanoplan export PLAN --for TRAINER`: the trainer's own launch files for a plan (no torch).
+
+The plan must have been made for that trainer (`nanoplan estimate --trainer NAME`): its memory, batch and
+steps are that trainer's. Files (planner/trainers/launch_files.py) go to stdout, each after a `# ==> NAME <==`
+line, or with --out DIR into DIR, each written atomically.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from nanoplan.common import writable_target
+from planner.errors import PlanError
+from planner.plan import atomic_write_text, load_plan
+
+FOR = ("nanochat", "torchtitan", "deepspeed")
+
+
+def export_for(plan_path: str, trainer: str, out: str | None) -> None:
+    from planner.trainers.launch_files import launch_files  # noqa: PLC0415
+
+    if trainer not in FOR:
+        raise PlanError("--for", f"unknown trainer {trainer!r}", f"choose one of {', '.join(FOR)}")
+    plan = load_plan(plan_path)
+    made_for = plan.request.trainer.name
+    if made_for != trainer:
+        raise PlanError("--for", f"{plan_path} plans {made_for}'s step, not {trainer}'s (memory, batch and steps "
+                        "differ between trainers)",
+                        f"re-plan it: nanoplan estimate ... --trainer {trainer} --out {plan_path}")
+    if not plan.memory.fits:
+        typer.echo(f"warning: {plan_path} does not fit in GPU memory by the plan's own estimate", err=True)
+    files = launch_files(plan)
+    if out is None:
+        for name, text in files.items():
+            typer.echo(f"# ==> {name} <==")
+            typer.echo(text, nl=False)
+        return
+    target = Path(out)
+    if target.exists() and not target.is_dir():
+        raise PlanError("--out", f"{out} is a file; --for writes several files", "give a directory")
+    for name, text in files.items():
+        path = target / name
+        if writable_target(str(path)):
+            atomic_write_text(path, text)
+            if name.endswith(".sh"):
+                path.chmod(0o755)
+            typer.echo(f"wrote {path}", err=True)

@@ -1,0 +1,131 @@
+"""Plans for the trainers people already use: nanochat, torchtitan and DeepSpeed (issue 21).
+
+A plan's `request.trainer` (planner.plan.TrainerRef) names whose training step it models. The
+default, nanoplan, is this project's runner and none of this package is used. For another trainer
+a `Trainer` here says, with a source for each part, what that trainer's step does:
+
+- which models and settings it can express (`problems`: anything else is refused, exit 2);
+- the request fields that describe its step to the planner (`request_fields`: strategy, optimizer,
+  precision, compile, loss chunking), so planner/throughput.py and planner/memory*.py are reused;
+- its memory per GPU (`memory`): the planner's own step model (planner.memory.estimate) for the
+  parts the trainer shares with the runner, plus what it does differently (nanochat: a bf16 token
+  embedding, sharded optimizer state and full logits; torchtitan: fp32 sharded state under FSDP2 mixed
+  precision and its activation-checkpoint modes; DeepSpeed: ZeRO's fp32 master state and buckets);
+- its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py.
+
+planner/build.py calls `trainer_for(ref)` in three places (memory, model counts, launch); this
+package never imports planner.build, so there is no cycle. Per-trainer modules: nanochat.py,
+torchtitan.py, deepspeed.py; exported launch files: planner/trainers/export.py.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from planner.counts import flops_per_token, matmul_params, n_params, param_counts
+from planner.errors import PlanError
+from planner.memory_terms import MemoryEstimate, StepConfig
+from planner.plan import PlanRequest, TrainerRef
+from planner.spec import ModelSpec
+
+TRAINERS = ("nanoplan", "nanochat", "torchtitan", "deepspeed")
+
+
+@dataclass(frozen=True)
+class Version:
+    """One named version of a trainer: what its plans model and its exports target."""
+
+    key: str            # what --trainer-version takes, and what a plan records
+    ref: str            # a 40-hex commit, or a release on the package index
+    date: str           # YYYY-MM-DD
+    label: str          # a few words: "first release", "current", ...
+    source: str         # where the facts were read: repository (or package) and paths
+
+
+@dataclass(frozen=True)
+class Counts:
+    """What ModelPlan records: the trainer's own model, counted as the trainer builds it."""
+
+    n_params: int
+    by_group: dict[str, int]
+    matmul_params: int
+    flops_per_token: int
+
+
+class Trainer:
+    """A trainer's step, as the planner sees it. Subclasses fill in the facts."""
+
+    name = ""
+    repo = ""
+    versions: tuple[Version, ...] = ()
+    default_version = ""
+
+    # ---------------------------------------------------------------- versions
+
+    def version(self, key: str | None) -> Version:
+        """The version named `key` (its key, or a prefix of 7+ hex of its commit); the default for None."""
+        want = key or self.default_version
+        for v in self.versions:
+            if want == v.key or (len(want) >= 7 and v.ref.startswith(want)):
+                return v
+        known = ", ".join(f"{v.key} ({v.label}, {v.ref[:12]})" for v in self.versions)
+        raise PlanError("--trainer-version", f"{self.name} has no version {want!r} that nanoplan models",
+                        f"choose one of {known}")
+
+    # ---------------------------------------------------------------- what the trainer can express
+
+    def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
+        """(field, why the trainer cannot do it, fix) for each part of `req` it cannot express."""
+        raise NotImplementedError
+
+    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None) -> dict[str, Any]:
+        """The request fields that describe this trainer's step: `user` holds what the user chose (None where
+        they left it open: strategy, optimizer, precision, compile, activation_checkpointing, ac_mode);
+        choices the trainer cannot express are kept, for `problems` to refuse."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- the step
+
+    def memory(self, cfg: StepConfig, ref: TrainerRef, overheads: dict[str, int], fragmentation: float) -> MemoryEstimate:
+        raise NotImplementedError
+
+    def counts(self, spec: ModelSpec, ref: TrainerRef) -> Counts:
+        """By default the planner's own counts (the trainer builds the same module tree)."""
+        return Counts(n_params=n_params(spec), by_group=param_counts(spec).as_dict(),
+                      matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec))
+
+
+
+def with_overheads(allocated: int, peak_phase: str, breakdown: dict[str, int], phases: dict[str, int],
+                   overheads: dict[str, int], fragmentation: float) -> MemoryEstimate:
+    """A MemoryEstimate with the profile's overheads, as planner.memory.estimate adds them."""
+    over = dict(overheads)
+    if fragmentation:
+        over["fragmentation"] = int(allocated * fragmentation)
+    return MemoryEstimate(breakdown=breakdown, phases=phases, peak_phase=peak_phase, allocated_peak=allocated,
+                          overhead=over)
+
+
+def trainer_for(ref: TrainerRef | None) -> Trainer | None:
+    """The Trainer for a plan's trainer; None for nanoplan's own runner (the default)."""
+    if ref is None or ref.name == "nanoplan":
+        return None
+    if ref.name == "nanochat":
+        from planner.trainers.nanochat import NANOCHAT  # noqa: PLC0415
+        return NANOCHAT
+    if ref.name == "torchtitan":
+        from planner.trainers.torchtitan import TORCHTITAN  # noqa: PLC0415
+        return TORCHTITAN
+    from planner.trainers.deepspeed import DEEPSPEED  # noqa: PLC0415
+    return DEEPSPEED
+
+
+def refuse_first(problems: list[tuple[str, str, str]], trainer: str, version: str) -> None:
+    """Raise the first problem as a one-line PlanError naming the trainer and version."""
+    if problems:
+        field, why, fix = problems[0]
+        raise PlanError(field, f"{trainer} {version} cannot express this: {why}", fix)
+
+
+__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "refuse_first", "trainer_for", "with_overheads"]

@@ -1,0 +1,301 @@
+"""nanochat's pre-training step (karpathy/nanochat `scripts/base_train.py`), as nanoplan plans it.
+
+Versions (each a commit of karpathy/nanochat; `--trainer-version KEY`):
+
+- 2025-10, the first release (3a5e0bc, 2025-10-13). `scripts/base_train.py`, `nanochat/gpt.py`,
+  `nanochat/muon.py` and `nanochat/adamw.py` are byte-identical at 67aaca9 and fae3aca, where the
+  public d20 and d32 memory reports were made (benchmarks/public_runs/runs.yaml). Flags go through
+  the configurator (`--device_batch_size=32`); it checkpoints only at the end of the run.
+- 2025-11 (c6abcdf, 2025-11-13): the same step, plus `--save_every` and `--resume_from_step`.
+- 2026-07, the current one (92d63d4, 2026-07-03): argparse flags with dashes, value embeddings on
+  alternate layers, per-layer residual scalars, sliding-window attention (SSSL), no autocast (weights
+  cast per matmul), one MuonAdamW optimizer, a 32,768 token vocabulary padded to a multiple of 64.
+
+What the step does, and where it says so (paths at the version's commit):
+- model: d_model = 64·depth (2026-07: rounded up to a multiple of head_dim 128), head_dim 128,
+  n_kv_head = n_head, untied, weightless RMSNorm, ReLU², rotary, QK-norm, softcap 15
+  (gpt.py; base_train.py). The token embedding is cast to bf16 ("it saves memory", gpt.py `GPT.__init__`;
+  2026-07 also the value embeddings, `init_weights`); every other weight is fp32.
+- step: `torch.compile(model, dynamic=False)` over forward and loss (base_train.py); bf16 autocast
+  (2025); the loss is cross-entropy over the full (B·T, V) logits, no chunking ("TODO: experiment
+  with Liger Kernels / chunked cross-entropy", gpt.py `forward`); no activation checkpointing; no
+  DDP wrapper: gradients stay whole on every rank and the optimizers reduce them.
+- optimizer: Muon for the block matrices and AdamW for embedding and head (gpt.py `setup_optimizers`).
+  On several GPUs DistAdamW keeps exp_avg/exp_avg_sq for 1/world of each tensor's rows, "in the style
+  of ZeRO-2" (adamw.py), and DistMuon keeps a momentum buffer only on the rank that owns a matrix,
+  matrices of a shape dealt round-robin, plus one zero buffer per shape (muon.py). On one GPU:
+  torch.optim.AdamW(fused=True) and Muon with full state. 2026-07: MuonAdamW (optim.py) shards the same
+  way, adds a factored second-moment buffer, and stacks each shape's gradients for reduce_scatter.
+- the compiled backward reuses the saved logits' buffer for their gradient (AOTAutograd's donated
+  buffers, torch._functorch.config.donated_buffer), so the loss adds no logit-sized buffer. Measured:
+  d20 at B32 on 8xH100 peaks at 75,422 MiB allocated, the saved tensors plus the state
+  (tests/test_trainers.py holds the model to it; docs/trainers.md).
+
+The saved tensors are the planner's compiled-step counts (planner/memory_compiled.py, captured from
+AOTAutograd's partitioner on CPU: 40.1 bytes per token per d_model per block, the same for nanochat's
+block, docs/sources.md §7) with the unchunked loss. The 2026-07 model adds its value embeddings,
+residual scalars and bf16 norms to them: an estimate no public measurement checks yet.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from planner.counts import attn_weight_params, mlp_weight_params
+from planner.memory import BREAKDOWN_KEYS
+from planner.memory_backward import block_bw
+from planner.memory_compiled import saved_parts
+from planner.memory_terms import F32, I64, MemoryEstimate, StepConfig, Walk, model_bytes
+from planner.plan import PlanRequest, TrainerRef
+from planner.spec import ModelSpec
+from planner.trainers import Counts, Trainer, Version, with_overheads
+
+BF16 = 2
+REPO = "karpathy/nanochat"
+FIRST, NOV, CURRENT = "2025-10", "2025-11", "2026-07"
+VERSIONS = (
+    Version(FIRST, "3a5e0bc50b123f37220f1ace6813f080455d19f3", "2025-10-13", "first release",
+            f"{REPO} scripts/base_train.py, nanochat/gpt.py, nanochat/muon.py, nanochat/adamw.py"),
+    Version(NOV, "c6abcdfe3a23f3cc3656e4132a606e8753415fca", "2025-11-13", "first with --save_every",
+            f"{REPO} scripts/base_train.py, nanochat/gpt.py"),
+    Version(CURRENT, "92d63d4e8bb4df75c3b71618f31ddde2378b2bcd", "2026-07-03", "current, argparse",
+            f"{REPO} scripts/base_train.py, nanochat/gpt.py, nanochat/optim.py"),
+)
+DEFAULT_VOCAB = {FIRST: 65536, NOV: 65536, CURRENT: 32768}   # scripts/tok_train.py default --vocab_size/--vocab-size
+ROTARY_OVERCOMPUTE = 10      # gpt.py: self.rotary_seq_len = config.sequence_len * 10 (bf16 cos and sin buffers)
+VOCAB_PAD = 64               # 2026-07 gpt.py: GPT(pad_vocab_size_to=64)
+VE_GATE_CHANNELS = 12        # 2026-07 gpt.py: self.ve_gate_channels = 12
+SMEAR_CHANNELS = 24          # 2026-07 gpt.py: self.smear_gate = Linear(24, 1)
+SMALL_ADAMW = 1024           # 2026-07 optim.py: params with numel < 1024 are all-reduced, not sharded
+
+
+def model_spec(version: str, depth: int, seq_len: int = 2048, vocab_size: int | None = None) -> ModelSpec:
+    """The model base_train.py builds for --depth at this version (dims as ModelSpec, vocab unpadded).
+
+    2025: model_dim = 64·depth, num_heads = ceil(model_dim/128) (gpt.py asserts it divides model_dim;
+    where it does not, the next divisor stands in and `problems` refuses the depth). 2026-07:
+    model_dim rounded up to a multiple of head_dim 128 (base_train.py build_model_meta)."""
+    base = 64 * depth
+    if version == CURRENT:
+        d = math.ceil(base / 128) * 128
+        h = d // 128
+    else:
+        d = base
+        h = _divisor(d, max(1, (base + 127) // 128))
+    return ModelSpec(style="nanochat", n_layer=depth, d_model=d, n_head=h, n_kv_head=h, d_ff=4 * d,
+                     vocab_size=vocab_size or DEFAULT_VOCAB[version], seq_len=seq_len, mlp="relu2",
+                     norm="rmsnorm_noweight", pos="rotary", tied=False, bias=False, qk_norm=True, logit_softcap=15.0)
+
+
+def _divisor(d: int, h: int) -> int:
+    while d % h:
+        h += 1
+    return h
+
+
+def _padded(v: int, version: str) -> int:
+    return math.ceil(v / VOCAB_PAD) * VOCAB_PAD if version == CURRENT else v
+
+
+def ve_layers(n_layer: int) -> int:
+    """2026-07 gpt.py has_ve: layers i with i % 2 == (n_layer - 1) % 2 carry a value embedding."""
+    return sum(1 for i in range(n_layer) if i % 2 == (n_layer - 1) % 2)
+
+
+def _matrix_shapes(spec: ModelSpec) -> list[tuple[tuple[int, int], int]]:
+    """(shape, count) of the block matrices Muon optimises: c_q, c_k, c_v, c_proj, c_fc, mlp.c_proj."""
+    d, q, kv, f, L = spec.d_model, spec.n_head * spec.head_dim, spec.n_kv_head * spec.head_dim, spec.d_ff, spec.n_layer
+    shapes: dict[tuple[int, int], int] = {}
+    for shp in ((q, d), (kv, d), (kv, d), (d, q), (f, d), (d, f)):
+        shapes[shp] = shapes.get(shp, 0) + L
+    return list(shapes.items())
+
+
+class Nanochat(Trainer):
+    name = "nanochat"
+    repo = REPO
+    versions = VERSIONS
+    default_version = CURRENT
+
+    # ---------------------------------------------------------------- what it can express
+
+    def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
+        v = self.version(req.trainer.version).key
+        spec = req.model
+        out: list[tuple[str, str, str]] = []
+        if gpu_kind != "gpu":
+            out.append(("--gpu", "nanoplan models nanochat's CUDA step (bf16, torch.compile, flash attention)",
+                        "plan it on a GPU profile"))
+        if nodes > 1:
+            out.append(("--gpu", "its launch is one node (`torchrun --standalone`, speedrun.sh)", "use one node"))
+        want = model_spec(v, spec.n_layer, spec.seq_len, spec.vocab_size)
+        if spec.style != "nanochat" or spec.model_dump(exclude={"style"}) != want.model_dump(exclude={"style"}):
+            out.append(("--depth", "base_train.py builds only its depth-parameterised GPT (d_model = 64·depth, head_dim "
+                        "128, ReLU², untied, QK-norm, softcap 15)", "give --depth N (and --seq-len, --vocab-size)"))
+        elif v != CURRENT and spec.d_model % ((spec.d_model + 127) // 128):
+            out.append(("--depth", f"depth {spec.n_layer} gives n_head = ceil({spec.d_model}/128), which does not divide "
+                        f"{spec.d_model} (gpt.py asserts it)", "use an even depth, or --trainer-version 2026-07"))
+        if req.optimizer != "muon":
+            out.append(("--optimizer", "it trains the block matrices with Muon and embedding/head with AdamW; it has "
+                        "no AdamW-only mode", "drop --optimizer (nanochat implies muon)"))
+        want_strategy = "zero1" if num_gpus > 1 else "ddp"
+        if req.strategy != want_strategy:
+            out.append(("--strategy", "its only sharding is DistMuon/DistAdamW (optimizer state over ranks, whole "
+                        "gradients and weights): zero1 in nanoplan's terms", "drop --strategy"))
+        if req.activation_checkpointing:
+            out.append(("--activation-checkpointing", "base_train.py has no activation checkpointing",
+                        "drop it, or lower the micro-batch"))
+        if not req.compile:
+            out.append(("--no-compile", "base_train.py always runs torch.compile(model)", "drop --no-compile"))
+        if req.precision != "bf16-autocast":
+            out.append(("--precision", "it trains fp32 weights with bf16 matmuls (and a bf16 embedding)",
+                        "drop --precision"))
+        if req.loss_chunk_tokens != 0:
+            out.append(("loss_chunk_tokens", "its loss takes the full logits in one piece", "set it to 0"))
+        if req.trainer.ac_mode is not None:
+            out.append(("--ac-mode", "is a torchtitan option", "drop it"))
+        return out
+
+    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None) -> dict[str, Any]:
+        v = self.version(version).key
+        return {"optimizer": user.get("optimizer") or "muon",
+                "strategy": user.get("strategy") or ("zero1" if num_gpus > 1 else "ddp"),
+                "activation_checkpointing": bool(user.get("activation_checkpointing")),
+                "compile": user.get("compile") is not False, "precision": user.get("precision") or "bf16-autocast",
+                "loss_chunk_tokens": 0, "trainer": TrainerRef(name="nanochat", version=v, ac_mode=user.get("ac_mode"))}
+
+    # ---------------------------------------------------------------- counts
+
+    def counts(self, spec: ModelSpec, ref: TrainerRef) -> Counts:
+        v = self.version(ref.version).key
+        d, L = spec.d_model, spec.n_layer
+        V = _padded(spec.vocab_size, v)
+        kv = spec.n_kv_head * spec.head_dim
+        attn = L * attn_weight_params(spec)
+        mlp = L * mlp_weight_params(spec)
+        groups = {"embeddings": V * d, "attention": attn, "mlp": mlp, "norms": 0, "head": V * d}
+        if v == CURRENT:
+            n_ve = ve_layers(L)
+            groups["value_embeddings"] = n_ve * V * kv
+            groups["attention"] += n_ve * VE_GATE_CHANNELS * spec.n_kv_head
+            groups["scalars"] = 2 * L + SMEAR_CHANNELS + 2
+        n = sum(groups.values())
+        matmul = attn + mlp + V * d + (ve_layers(L) * VE_GATE_CHANNELS * spec.n_kv_head + SMEAR_CHANNELS
+                                       if v == CURRENT else 0)
+        windows = _windows(spec) if v == CURRENT else [spec.seq_len] * L
+        attn_flops = sum(12 * spec.n_head * spec.head_dim * w for w in windows)
+        return Counts(n_params=n, by_group={**groups, "total": n}, matmul_params=matmul,
+                      flops_per_token=6 * matmul + attn_flops)
+
+    # ---------------------------------------------------------------- memory
+
+    def memory(self, cfg: StepConfig, ref: TrainerRef, overheads: dict[str, int], fragmentation: float) -> MemoryEstimate:
+        v = self.version(ref.version).key
+        phases = step_phases(cfg, v)
+        name, kinds = max(phases.items(), key=lambda kv: sum(kv[1].values()))
+        totals = {p: sum(k.values()) for p, k in phases.items()}
+        # base_train.py sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before importing torch: the
+        # allocator grows segments in place instead of splitting fixed ones, so the profile's fragmentation
+        # allowance (an assumption for the default allocator) is not added.
+        return with_overheads(totals[name], name, kinds, totals, overheads, 0.0)
+
+
+
+NANOCHAT = Nanochat()
+
+
+def _windows(spec: ModelSpec) -> list[int]:
+    """2026-07 gpt.py _compute_window_sizes for SSSL: short = ceil(T/4/128)·128, the last layer long."""
+    T = spec.seq_len
+    short = -(-T // 4 // 128) * 128
+    w = [short if "SSSL"[i % 4] == "S" else T for i in range(spec.n_layer)]
+    w[-1] = T
+    return [min(x, T) for x in w]
+
+
+# --------------------------------------------------------------------------- the step's bytes
+
+
+def _state(spec: ModelSpec, v: str, dp: int) -> tuple[int, int, int, int, int]:
+    """(parameters, gradients when all exist, optimizer state on the busiest rank, optimizer step
+    temporaries, buffers), bytes. Embeddings (and 2026-07 value embeddings) are bf16, the rest fp32."""
+    d, L = spec.d_model, spec.n_layer
+    V = _padded(spec.vocab_size, v)
+    kv = spec.n_kv_head * spec.head_dim
+    mats = _matrix_shapes(spec)
+    M = sum(r * c * n for (r, c), n in mats)
+    emb = [(V * d, BF16, V)]                                    # wte: (numel, bytes, rows)
+    if v == CURRENT:
+        emb += [(V * kv, BF16, V)] * ve_layers(L)
+    head = (V * d, F32, V)
+    small = (ve_layers(L) * VE_GATE_CHANNELS * spec.n_kv_head + 2 * L + SMEAR_CHANNELS + 2) if v == CURRENT else 0
+    params = F32 * M + sum(n * b for n, b, _ in emb) + head[0] * head[1] + F32 * small
+    adam = [*emb, head]
+    if dp > 1:   # DistAdamW / MuonAdamW: exp_avg + exp_avg_sq of 1/dp of the rows, in the param dtype
+        opt = sum(2 * b * (rows // dp) * (n // rows) for n, b, rows in adam) + 2 * F32 * small
+    else:        # fused AdamW: both moments whole
+        opt = sum(2 * b * n for n, b, _ in adam) + 2 * F32 * small
+    opt += 16 * len(adam)                                         # step counters
+    temps = 0
+    for (r, c), n in mats:
+        own = math.ceil(n / dp)                                    # the busiest rank owns ceil(n/dp) of a shape
+        mom = F32 * r * c * own
+        if v == CURRENT:
+            mom += F32 * own * (r if r >= c else c)                # factored second moment (optim.py)
+            temps += F32 * r * c * (own * dp + own if dp > 1 else n)   # stacked grads (+ the owned chunk)
+        elif dp > 1:
+            mom += F32 * r * c                                     # DistMuon: one zero buffer per shape group
+        opt += mom
+    s_max = max(4 * r * c + 4 * min(r, c) ** 2 for (r, c), _ in mats)   # Newton-Schulz: bf16 X, A, B, update
+    if dp > 1:
+        temps += sum(b * (rows // dp) * (n // rows) for n, b, rows in adam)   # reduce-scattered grad slices
+    temps += s_max
+    rotary = 2 * ROTARY_OVERCOMPUTE * spec.seq_len * (spec.head_dim // 2) * BF16
+    return params, params, opt, temps, rotary
+
+
+def _extra_saved(spec: ModelSpec, v: str, N: int) -> int:
+    """2026-07's saved tensors beyond the 2025 block (an estimate): per layer the residual before its
+    scalars (bf16) but no bf16 casts of the norm outputs (norms run in bf16); per value-embedding layer its
+    lookup and gate; the initial embedding x0 and the mid-stack residual kept for backout."""
+    if v != CURRENT:
+        return 0
+    d, L = spec.d_model, spec.n_layer
+    kv = spec.n_kv_head * spec.head_dim
+    per_layer = BF16 * d - 2 * BF16 * d
+    ve = ve_layers(L) * (BF16 * kv + F32 * spec.n_kv_head)
+    return (L * per_layer + ve + 2 * BF16 * d) * N
+
+
+def step_phases(cfg: StepConfig, v: str) -> dict[str, dict[str, int]]:
+    """Each phase's bytes by kind, for nanochat's compiled step (module docstring)."""
+    spec = cfg.spec
+    mem_spec = spec.model_copy(update={"vocab_size": _padded(spec.vocab_size, v)})
+    dp = max(1, cfg.dp)
+    N = cfg.device_batch_size * spec.seq_len
+    m = model_bytes(mem_spec, "bf16-autocast", "muon")
+    D = m.D
+    params, grads_all, opt, opt_temps, buffers = _state(mem_spec, v, dp)
+    parts = saved_parts(m, N, False, 0)
+    saved = sum(parts.values()) + _extra_saved(mem_spec, v, N)
+    inputs = 2 * I64 * N
+    accum = cfg.grad_accum_steps
+    grads0 = grads_all if accum > 1 else 0                       # later micro-steps add into existing grads
+    fixed = {"parameters": params, "buffers": buffers, "optimizer_state": opt}
+    base = {**fixed, "gradients": grads0, "activations": saved + inputs, "loss_temporaries": 0, "temporaries": 0}
+    out: dict[str, dict[str, int]] = {"forward_end": dict(base)}
+    # backward start: d(logits) written into the logits' (donated) buffer; the head matmul's grads
+    head_w = D.a * D.V * D.d
+    out["backward_start"] = {**base, "temporaries": head_w + D.a * D.d * N}
+    # the blocks: the loss's saved tensors are gone, the head's fp32 weight grad exists
+    head_grad = F32 * D.V * D.d if accum == 1 else 0
+    level = dict(base)
+    level["activations"] -= parts["loss"] + parts["final_norm"] + parts["head_copy"]
+    level["gradients"] += head_grad
+    b = Walk(0, {}, 1)
+    block_bw(D, b, N, "fresh" if accum == 1 else "add")
+    out["backward_layers"] = {**level, "temporaries": b.peak}
+    out["optimizer_step"] = {**fixed, "gradients": grads_all, "activations": inputs, "loss_temporaries": 0,
+                             "temporaries": opt_temps}
+    return {p: {k: int(kinds.get(k, 0)) for k in BREAKDOWN_KEYS} for p, kinds in out.items()}

@@ -18,6 +18,7 @@ Opt = typer.Option
 @app.command(epilog=examples(
     ("nanoplan export plan.json --slurm --out train.sbatch", "an sbatch script"),
     ("nanoplan export plan.json --skypilot --bucket s3://my-bucket/run", "a SkyPilot task YAML"),
+    ("nanoplan export spot.json --skypilot --spot --bucket s3://my-bucket/run", "a managed spot job that resumes"),
 ))
 def export(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.json from nanoplan estimate --out")],
@@ -30,6 +31,8 @@ def export(
     partition: Annotated[Optional[str], Opt(metavar="NAME", help="SLURM partition")] = None,
     account: Annotated[Optional[str], Opt(metavar="NAME", help="SLURM account")] = None,
     out: Annotated[Optional[str], Opt(metavar="FILE", help="Write here (atomically) instead of stdout")] = None,
+    spot: Annotated[bool, Opt("--spot", help="For a plan made with --spot: a managed spot job (sky jobs launch) "
+                                             "or a requeued SLURM job, resuming from the newest checkpoint")] = False,
 ) -> None:
     """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
     from planner.export import skypilot_task, slurm_script  # noqa: PLC0415
@@ -47,12 +50,14 @@ def export(
             words += [flag, value]
     if slurm and time_margin != 0.1:
         words += ["--time-margin", f"{time_margin:g}"]
+    if spot:
+        words.append("--spot")
     cmd = shlex.join(words)
     if slurm:
         text = slurm_script(plan, plan_path, run_dir=bucket, time_margin=time_margin, partition=partition,
-                            account=account, command=cmd)
+                            account=account, command=cmd, spot=spot)
     else:
-        text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd)
+        text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd, spot=spot)
     if out:
         if writable_target(out):
             atomic_write_text(out, text)

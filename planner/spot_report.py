@@ -29,12 +29,13 @@ def spot_lines(plan: Plan, without_spot: Plan | None = None) -> list[str]:
     sp = plan.spot
     if sp is None:
         return []
-    od = f" (on demand ${sp.on_demand_usd_per_gpu_hour:.2f})" if sp.on_demand_usd_per_gpu_hour is not None else ""
+    od = f" (on demand ${sp.on_demand_usd_per_gpu_hour:.2f}" if sp.on_demand_usd_per_gpu_hour is not None else " ("
     mine = sp.mtbi_source == MTBI_FROM_CLI
     per = " per node" if plan.hardware.nodes > 1 else ""
-    mtbi = f"MTBI {sp.mtbi_hours:g} h{per}" + (" (--mtbi)" if mine else " (assumed; --mtbi)" if
+    mtbi = f"MTBI {sp.mtbi_hours:g} h{per}" + (" (--mtbi)" if mine else " assumed (--mtbi)" if
                                          sp.mtbi_source.startswith("assumption") else "")
-    lines = [f"Spot {sp.provider.removesuffix(' spot')} ${sp.usd_per_gpu_hour:.2f}/GPU-h{od}, {sp.price_date}; {mtbi}"]
+    date = f", {sp.price_date})" if od != " (" else f"{sp.price_date})"
+    lines = [f"Spot {sp.provider.removesuffix(' spot')} ${sp.usd_per_gpu_hour:.2f}/GPU-h{od}{date}, {mtbi}"]
     bw = f"{sp.storage_bytes_per_s / 1e9:g} GB/s" + (" assumed" if sp.storage_source.startswith("assumption") else "")
     why = (f"√(2·C·M), C {secs(sp.write_seconds)} ({fmt_bytes(plan.schedule.checkpoint_bytes)} at {bw}), "
            f"M {sp.mtbi_hours:g} h")
@@ -46,13 +47,13 @@ def spot_lines(plan: Plan, without_spot: Plan | None = None) -> list[str]:
     lines.append(head + why)
     lines.append(f"  restart {secs(sp.restart_seconds)}; {sp.expected_interruptions:.1f} interruptions expected, "
                  f"{minutes(sp.expected_lost_minutes)} of work lost each")
-    cap = (f"; {sp.finish_probability:.0%} finish in the cap" if sp.cap_hours is not None else "")
+    cap = (f"; P(finish) {sp.finish_probability:.0%}" if sp.cap_hours is not None else "")
     lines.append(f"on spot:   {usd(sp.expected_usd)} expected, {usd(sp.p90_usd)} at P{sp.quantile * 100:.0f}, "
                  f"{hrs(sp.expected_hours)} (P{sp.quantile * 100:.0f} {hrs(sp.p90_hours)}){cap}")
     prov = sp.provider.removesuffix(" spot")
     parts = []
     if sp.on_demand_usd is not None:
-        parts.append(f"{prov} {usd(sp.on_demand_usd)}, {hrs(sp.on_demand_hours)} for these "
+        parts.append(f"{prov} {usd(sp.on_demand_usd)}, {hrs(sp.on_demand_hours)}, same "
                      f"{fmt_count(plan.schedule.total_tokens)} tokens")
     w = without_spot
     if w is not None and w.hardware.usd_per_gpu_hour > 0 and w.hardware.provider != prov:
@@ -60,4 +61,16 @@ def spot_lines(plan: Plan, without_spot: Plan | None = None) -> list[str]:
                      f"{fmt_count(w.schedule.total_tokens)}")
     if parts:
         lines.append("on demand: " + "; ".join(parts))
-    return lines
+    return [piece for line in lines for piece in fold(line)]
+
+
+def fold(line: str, width: int = 80) -> list[str]:
+    """A line longer than `width` split after its last '; ' or ', ' that fits, the rest indented."""
+    out = []
+    while len(line) > width:
+        cut = max(line.rfind("; ", 0, width), line.rfind(", ", 0, width))
+        if cut <= 0:
+            break
+        out.append(line[:cut + 1])
+        line = "  " + line[cut + 2:]
+    return out + [line]

@@ -34,14 +34,15 @@ START_UP_S = {"gpu": 60.0, "cpu": 5.0}
 START_UP_SOURCE = {
     "gpu": "assumption: Python and torch imports, the preflight, torchrun and CUDA/NCCL start on a GPU node "
            "(not measured: no GPU has been lent to this project)",
-    "cpu": "measured: nanoplan run of a 1xCPU tiny plan to its first step, 3-5 s on a 2-core machine "
-           "(tests/test_spot_resume.py)",
+    "cpu": "measured: nanoplan run of a 1xCPU tiny plan to its first step, 4.2 s on a 2-core machine "
+           "(9.5 s under load; docs/sources.md §10)",
 }
 RENDEZVOUS_S = 30.0      # assumption: a multi-node launch waits for its slowest node in the c10d rendezvous
 COMPILE_S = {"gpu": 120.0, "cpu": 20.0}
 COMPILE_SOURCE = {
     "gpu": "assumption: torch.compile of the training step again on every launch (no cache carried over)",
-    "cpu": "measured: a first torch.compile of a tiny model on CPU takes about 20 s (docs/sources.md §3)",
+    "cpu": "measured: the first compiled step of the tiny model on CPU, about 20 s idle, 41 s under load "
+           "(docs/sources.md §10)",
 }
 WARM_STEPS = 2           # runner/schedule.SKIP_INTERVALS: a launch's first steps run cold; counted as lost
 READ_FACTOR = 1.0        # a relaunch reads the checkpoint at the storage bandwidth it was written at

@@ -98,8 +98,8 @@ def records(rows: list[SpotRow], dataset_tokens: int | None = None) -> list[dict
 
 
 COLUMNS = (("", 0, True), ("GPUs", 0, True), ("model", 0, True), ("tokens", 0, False), ("exp h", 0, False),
-           ("exp $", 0, False), ("P90 $", 0, False), ("loss", 0, False), ("P90 h", 1, False),
-           ("on-demand $", 2, False), ("spot price", 3, True), ("every", 4, False))
+           ("exp $", 0, False), ("P90 $", 0, False), ("loss", 0, False), ("P90 h", 2, False),
+           ("on-demand $", 1, False), ("spot price", 3, True), ("every", 4, False))
 
 
 def rich_table(rows: list[SpotRow], *, objective: str, length: Length, seconds: float, width: int | None,
@@ -111,7 +111,7 @@ def rich_table(rows: list[SpotRow], *, objective: str, length: Length, seconds: 
     for i, r in enumerate(rows):
         p = r.plan
         if p is None or p.spot is None:
-            cells.append(["", r.gpu, r.note or "nothing fits"] + ["-"] * (len(cols) - 3))
+            cells.append(["", r.gpu + " *"] + ["-"] * (len(cols) - 2))
             styles.append("dim")
             continue
         sp = p.spot
@@ -127,6 +127,9 @@ def rich_table(rows: list[SpotRow], *, objective: str, length: Length, seconds: 
     caption = (f"★ best by '{objective}' on spot at {cap} (the cap), after interruptions; expected and P90 paid cost "
                f"and hours from a seeded Monte-Carlo; on-demand $: the same tokens at the provider's on-demand price. "
                f"{seconds * 1000:.0f} ms.")
+    notes = "; ".join(f"{r.gpu}: {r.note or 'nothing fits'}" for r in rows if r.plan is None)
+    if notes:
+        caption += f" * {notes} (give --price)."
     t = fit_table(cols, cells, width, title=f"Best run per GPU configuration on spot (objective: {objective})",
                   styles=styles, caption=caption)
     left_out = hidden(cols, t)

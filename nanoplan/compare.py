@@ -135,7 +135,12 @@ def _compare_spot(gpu_list: list[str], models: list, length: object, settings: o
         return
     import pandas as pd  # noqa: PLC0415
 
-    df = pd.DataFrame.from_records(records(rows, ds))
-    text = {"csv": lambda: df.to_csv(index=False), "json": lambda: df.to_json(orient="records", indent=2),
-            "markdown": lambda: df.to_csv(index=False, sep="|")}[fmt]()
+    recs = records(rows, ds)
+    df = pd.DataFrame.from_records(recs)
+    if fmt == "markdown":
+        head = "| " + " | ".join(recs[0]) + " |"
+        body = ["| " + " | ".join("" if v is None else str(v) for v in r.values()) + " |" for r in recs]
+        text = "\n".join([head, "|" + "---|" * len(recs[0]), *body])
+    else:
+        text = df.to_csv(index=False) if fmt == "csv" else df.to_json(orient="records", indent=2)
     typer.echo(text.rstrip("\n"))

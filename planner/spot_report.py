@@ -29,16 +29,16 @@ def spot_lines(plan: Plan, without_spot: Plan | None = None) -> list[str]:
     sp = plan.spot
     if sp is None:
         return []
-    od = f" (on demand ${sp.on_demand_usd_per_gpu_hour:.2f}" if sp.on_demand_usd_per_gpu_hour is not None else " ("
-    mine = sp.mtbi_source == MTBI_FROM_CLI
+    prov = sp.provider.removesuffix(" spot")
+    od = f"on demand ${sp.on_demand_usd_per_gpu_hour:.2f}, " if sp.on_demand_usd_per_gpu_hour is not None else ""
     per = " per node" if plan.hardware.nodes > 1 else ""
+    mine = sp.mtbi_source == MTBI_FROM_CLI
     mtbi = f"MTBI {sp.mtbi_hours:g} h{per}" + (" (--mtbi)" if mine else " assumed (--mtbi)" if
                                          sp.mtbi_source.startswith("assumption") else "")
-    date = f", {sp.price_date})" if od != " (" else f"{sp.price_date})"
-    lines = [f"Spot {sp.provider.removesuffix(' spot')} ${sp.usd_per_gpu_hour:.2f}/GPU-h{od}{date}, {mtbi}"]
+    lines = [f"Spot {prov} ${sp.usd_per_gpu_hour:.2f}/GPU-h ({od}{sp.price_date}), {mtbi}"]
     bw = f"{sp.storage_bytes_per_s / 1e9:g} GB/s" + (" assumed" if sp.storage_source.startswith("assumption") else "")
     why = (f"√(2·C·M), C {secs(sp.write_seconds)} ({fmt_bytes(plan.schedule.checkpoint_bytes)} at {bw}), "
-           f"M {sp.mtbi_hours:g} h")
+           f"M {sp.mtbi_hours / plan.hardware.nodes:g} h")   # the run's: any node's interruption stops it
     if sp.cadence == "request":
         head = f"Checkpoint every {minutes(sp.checkpoint_every_minutes)} (yours; the optimum "
         why = f"{minutes(sp.optimum_minutes)} = {why})"
@@ -50,7 +50,6 @@ def spot_lines(plan: Plan, without_spot: Plan | None = None) -> list[str]:
     cap = (f"; P(finish) {sp.finish_probability:.0%}" if sp.cap_hours is not None else "")
     lines.append(f"on spot:   {usd(sp.expected_usd)} expected, {usd(sp.p90_usd)} at P{sp.quantile * 100:.0f}, "
                  f"{hrs(sp.expected_hours)} (P{sp.quantile * 100:.0f} {hrs(sp.p90_hours)}){cap}")
-    prov = sp.provider.removesuffix(" spot")
     parts = []
     if sp.on_demand_usd is not None:
         parts.append(f"{prov} {usd(sp.on_demand_usd)}, {hrs(sp.on_demand_hours)}, same "

@@ -108,6 +108,8 @@ class HardwareProfile(BaseModel):
         missing = [f for f in SOURCED_FIELDS if f not in self.sources]
         if missing:
             raise ValueError(f"sources is missing {', '.join(missing)}: every figure needs a source")
+        if self.storage_gb_s is not None and "storage_gb_s" not in self.sources:
+            raise ValueError("sources is missing storage_gb_s: every figure needs a source")
         if self.default_provider not in {p.provider for p in self.prices}:
             raise ValueError(f"default_provider {self.default_provider!r} has no entry in prices")
         return self

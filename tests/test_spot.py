@@ -212,3 +212,23 @@ def test_compare_spot_ranks_configurations_by_what_the_budget_buys(tmp_path: Pat
         assert float(x["usd_per_gpu_hour"]) == 6.57
     t = nanoplan("compare", "--budget", "1000", "--spot", "--gpus", "8xH100,8xA100", cwd=tmp_path)
     assert t.returncode == 0 and "on spot" in t.stdout and all(len(x) <= 80 for x in t.stdout.splitlines())
+
+
+def test_profile_spot_fields_are_sourced() -> None:
+    """Every spot price is dated and sourced, with an MTBI that names its source or says it is an assumption;
+    a storage bandwidth needs a source like any other figure."""
+    from planner.profiles import HardwareProfile, builtin_profiles
+
+    spots = [(p.name, q) for p in builtin_profiles().values() for q in p.prices if q.spot is not None]
+    assert spots, "no profile has a spot price"
+    for name, q in spots:
+        s = q.spot
+        assert s.date and s.source and s.mtbi_source, (name, q.provider)
+        assert s.usd_per_gpu_hour < q.usd_per_gpu_hour, (name, q.provider)    # beside the same provider's on-demand
+        assert s.mtbi_source.startswith("assumption") or "http" in s.mtbi_source or "§" in s.mtbi_source
+    doc = H100.model_dump()
+    with pytest.raises(ValueError, match="storage_gb_s"):
+        HardwareProfile.model_validate({**doc, "storage_gb_s": 2.0})
+    ok = HardwareProfile.model_validate({**doc, "storage_gb_s": 2.0,
+                                         "sources": {**doc["sources"], "storage_gb_s": "measured: dd to the mount"}})
+    assert ok.storage_bytes_per_s() == (2e9, "measured: dd to the mount")

@@ -51,6 +51,10 @@ def compare(
     wide: Annotated[bool, Opt("--wide", metavar=FLAG, help="Every column, however wide the table")] = False,
     plot: Annotated[Optional[str], Opt(metavar="PNG", help="Also draw cost against time to this PNG (needs "
                                                             "matplotlib)")] = None,
+    spot: Annotated[bool, Opt("--spot", metavar=FLAG, help="Spot GPUs: rank on what the budget buys after "
+                                                            "interruptions; expected and P90 cost (docs/spot.md)")] = False,
+    mtbi: Annotated[Optional[str], Opt(metavar="H", help="With --spot: mean time between interruptions of one "
+                                                          "node, 6h (default: each profile's)")] = None,
 ) -> None:
     """The best run for a budget (or hours) on each GPU configuration (help text in the decorator)."""
     from planner.compare import FORMATS, parse_prices  # noqa: PLC0415
@@ -82,6 +86,10 @@ def compare(
     settings = Settings(total_batch_tokens=total_batch_tokens, headroom=headroom,
                         dataset_tokens=parse_count(dataset_tokens, "--dataset-tokens") if dataset_tokens else None)
     gpu_list = [g.strip() for g in gpus.split(",") if g.strip()]
+    if spot or mtbi is not None:
+        _compare_spot(gpu_list, models, length, settings, objective=objective, provider=provider,
+                      prices=parse_prices(price), mtbi=mtbi, spot=spot, fmt=format, wide=wide, plot=plot)
+        return
     cmp = run_compare(gpu_list, models, length, settings, objective=objective, provider=provider,
                       prices=parse_prices(price))
     if plot is not None:
@@ -100,4 +108,39 @@ def compare(
     from planner.compare import to_csv, to_json, to_markdown  # noqa: PLC0415
 
     text = {"csv": to_csv, "json": to_json, "markdown": to_markdown}[format](cmp)
+    typer.echo(text.rstrip("\n"))
+
+
+def _compare_spot(gpu_list: list[str], models: list, length: object, settings: object, *, objective: str,
+                  provider: str | None, prices: dict | None, mtbi: str | None, spot: bool, fmt: str, wide: bool,
+                  plot: str | None) -> None:
+    """compare --spot: planner/spot_compare.py."""
+    from planner.plan import SpotRequest  # noqa: PLC0415
+    from planner.spot_compare import records, rich_table, spot_compare  # noqa: PLC0415
+
+    if not spot:
+        raise PlanError("--mtbi", "applies to spot GPUs only", "add --spot, or drop --mtbi")
+    if plot is not None:
+        raise PlanError("--plot", "is not drawn for --spot", "drop --plot, or compare on demand")
+    req = SpotRequest(mtbi_hours=parse_hours(mtbi, "--mtbi") if mtbi is not None else None)
+    rows, seconds = spot_compare(gpu_list, models, length, settings, objective=objective, provider=provider,  # type: ignore[arg-type]
+                                 prices=prices, spot=req)
+    ds = getattr(settings, "dataset_tokens", None)
+    if fmt == "table":
+        from planner.tables import print_table  # noqa: PLC0415
+
+        console = Console()
+        print_table(console, rich_table(rows, objective=objective, length=length, seconds=seconds,  # type: ignore[arg-type]
+                                        width=None if wide else console.width, dataset_tokens=ds))
+        return
+    import pandas as pd  # noqa: PLC0415
+
+    recs = records(rows, ds)
+    df = pd.DataFrame.from_records(recs)
+    if fmt == "markdown":
+        head = "| " + " | ".join(recs[0]) + " |"
+        body = ["| " + " | ".join("" if v is None else str(v) for v in r.values()) + " |" for r in recs]
+        text = "\n".join([head, "|" + "---|" * len(recs[0]), *body])
+    else:
+        text = df.to_csv(index=False) if fmt == "csv" else df.to_json(orient="records", indent=2)
     typer.echo(text.rstrip("\n"))

@@ -107,6 +107,12 @@ def estimate(
                                           help="Your own hardware profile YAML")] = None,
     mfu: Annotated[Optional[float], Opt(metavar="F", rich_help_panel=HARDWARE,
                                         help="Override the profile's model FLOPs utilisation")] = None,
+    spot: Annotated[bool, Opt("--spot", metavar=FLAG, rich_help_panel=HARDWARE,
+                              help="Spot GPUs: the spot price, expected and P90 cost over interruptions, the "
+                                   "checkpoint cadence that minimises lost time (docs/spot.md)")] = False,
+    mtbi: Annotated[Optional[str], Opt(metavar="H", rich_help_panel=HARDWARE,
+                                       help="With --spot: mean time between interruptions of one node, 6h, "
+                                            "90m (default: the profile's)")] = None,
     objective: Annotated[str, Opt(metavar="NAME", rich_help_panel=SEARCH,
                                   help="loss | value | max-model | throughput | chinchilla")] = "loss",
     top: Annotated[int, Opt(metavar="N", rich_help_panel=SEARCH, help="Runners-up to show")] = 5,
@@ -118,8 +124,9 @@ def estimate(
                               help="Show every column of the runners-up, however wide")] = False,
     run_dir: Annotated[str, Opt(metavar="DIR", rich_help_panel=OUTPUT,
                                 help="Run directory for nanoplan run")] = "runs/latest",
-    checkpoint_every_minutes: Annotated[float, Opt(metavar="MIN", rich_help_panel=OUTPUT,
-                                                   help="Checkpoint cadence in minutes")] = 60.0,
+    checkpoint_every_minutes: Annotated[Optional[float], Opt(metavar="MIN", rich_help_panel=OUTPUT,
+                                                             help="Checkpoint cadence in minutes (default: 60; "
+                                                                  "with --spot the optimum)")] = None,
     keep_last: Annotated[int, Opt(metavar="N", rich_help_panel=OUTPUT, help="Checkpoints kept (plus the best)")] = 3,
     trainer: Annotated[str, Opt(metavar="NAME", rich_help_panel=TRAINER,
                                 help="Whose training step to plan: nanoplan (this runner) | nanochat | torchtitan | "
@@ -165,8 +172,8 @@ def estimate(
         optimizer=optimizer or "adamw", strategy=strategy or "ddp", activation_checkpointing=bool(ac),
         loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compiled is None else compiled,
         budget_usd=budget_usd, hours=hours_h, steps=n_steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
-        data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes, keep_last=keep_last,
-        headroom=headroom, mfu=mfu, run_dir=run_dir,
+        data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes or 60.0, keep_last=keep_last,
+        headroom=headroom, mfu=mfu, run_dir=run_dir, spot=_spot_request(spot, mtbi, checkpoint_every_minutes),
     )
     write_to = out if (out or json_out) else "plan.json"
     plan_path = write_to or "plan.json"
@@ -176,6 +183,8 @@ def estimate(
     if default_length and not json_out:
         console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
                       f"{n_steps:,} steps", style="dim", highlight=False)
+    if trainer != "nanoplan" and spot:
+        raise PlanError("--spot", "plans nanoplan's runner on spot GPUs", "drop --trainer, or --spot")
     if trainer != "nanoplan":
         plan = _trainer_plan(trainer, trainer_version, spec, base, plan_path, console if not json_out else None,
                              user={"strategy": strategy, "optimizer": optimizer, "precision": precision,
@@ -185,6 +194,11 @@ def estimate(
                         "--activation-checkpointing")
     elif trainer_version is not None:
         raise PlanError("--trainer-version", "names a version of another trainer", "give --trainer too")
+    elif spec is None and spot:
+        from planner.spot_search import spot_search_cli  # noqa: PLC0415
+
+        plan = spot_search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
+                               style=style, plan_path=plan_path, console=None if json_out else console, wide=wide)
     elif spec is None:
         from planner.search import search_cli  # noqa: PLC0415
 
@@ -245,6 +259,18 @@ def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:
     return max(1, math.ceil(CHINCHILLA_TOKENS_PER_PARAM * n_params(spec) / total_batch_tokens))
 
 
+def _spot_request(spot: bool, mtbi: str | None, minutes: float | None) -> object:
+    """--spot's request (None without --spot; --mtbi alone is an error)."""
+    if not spot:
+        if mtbi is not None:
+            raise PlanError("--mtbi", "applies to spot GPUs only", "add --spot, or drop --mtbi")
+        return None
+    from planner.plan import SpotRequest  # noqa: PLC0415
+
+    return SpotRequest(mtbi_hours=parse_hours(mtbi, "--mtbi") if mtbi is not None else None,
+                       checkpoint_every_minutes=minutes)
+
+
 def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None:
     if json_out:
         typer.echo(plan.model_dump_json(indent=2))
@@ -252,6 +278,14 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None
         print_plan(plan, console)
     if out:
         save_plan(plan, out)
+    if plan.spot is not None and not json_out:
+        from planner.build import build_plan  # noqa: PLC0415
+        from planner.spot_report import spot_lines  # noqa: PLC0415
+
+        req = plan.request
+        alt = None if req.price is not None else build_plan(req.model_copy(update={"spot": None}))
+        for line in spot_lines(plan, alt):
+            console.print(line, highlight=False, soft_wrap=True)
     if not json_out:
         # one logical line, never hard-wrapped: the terminal folds it, and `| tail -1` gets all of it
         console.print(verdict(plan, out), style="bold" if plan.memory.fits else "bold red", highlight=False,

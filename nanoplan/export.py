@@ -18,6 +18,7 @@ Opt = typer.Option
 @app.command(epilog=examples(
     ("nanoplan export plan.json --slurm --out train.sbatch", "an sbatch script"),
     ("nanoplan export plan.json --skypilot --bucket s3://my-bucket/run", "a SkyPilot task YAML"),
+    ("nanoplan export spot.json --skypilot --spot --bucket s3://my-bucket/run", "a managed spot job that resumes"),
     ("nanoplan export plan.json --for deepspeed --out launch/", "ds_config.json and train.sh (docs/trainers.md)"),
 ))
 def export(
@@ -34,6 +35,8 @@ def export(
                                       "with --for, a directory for the trainer's files")] = None,
     for_trainer: Annotated[Optional[str], Opt("--for", metavar="TRAINER",
         help="The trainer's own launch files for a plan made with --trainer: nanochat | torchtitan | deepspeed")] = None,
+    spot: Annotated[bool, Opt("--spot", help="For a plan made with --spot: a managed spot job (sky jobs launch) "
+                                             "or a requeued SLURM job, resuming from the newest checkpoint")] = False,
 ) -> None:
     """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
     from planner.export import skypilot_task, slurm_script  # noqa: PLC0415
@@ -41,8 +44,8 @@ def export(
     if for_trainer is not None:
         from nanoplan.export_trainer import export_for  # noqa: PLC0415
 
-        if slurm or skypilot or bucket or partition or account:
-            raise PlanError("--for", "writes the trainer's own files", "drop --slurm/--skypilot/--bucket/--partition/--account")
+        if slurm or skypilot or bucket or partition or account or spot:
+            raise PlanError("--for", "writes the trainer's own files", "drop --slurm/--skypilot/--bucket/--partition/--account/--spot")
         export_for(plan_path, for_trainer, out)
         return
     if slurm == skypilot:
@@ -58,12 +61,14 @@ def export(
             words += [flag, value]
     if slurm and time_margin != 0.1:
         words += ["--time-margin", f"{time_margin:g}"]
+    if spot:
+        words.append("--spot")
     cmd = shlex.join(words)
     if slurm:
         text = slurm_script(plan, plan_path, run_dir=bucket, time_margin=time_margin, partition=partition,
-                            account=account, command=cmd)
+                            account=account, command=cmd, spot=spot)
     else:
-        text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd)
+        text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd, spot=spot)
     if out:
         if writable_target(out):
             atomic_write_text(out, text)

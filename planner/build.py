@@ -19,11 +19,13 @@ from planner.plan import (
     Plan,
     PlanRequest,
     SchedulePlan,
+    SpotPlan,
     ThroughputPlan,
     TrainerRef,
     TrainingPlan,
 )
 from planner.profiles import Hardware, parse_gpu_spec
+from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
 from planner.trainers.launch_files import launch_argv
@@ -35,6 +37,8 @@ LARGE_STORAGE_BYTES = 1 << 40          # warn above 1 TiB of checkpoints
 
 
 def hardware_of(req: PlanRequest) -> Hardware:
+    if req.spot is not None:     # the provider's spot price (planner/spot_plan.py)
+        return spot_hardware(req)
     return parse_gpu_spec(req.gpu, profile=req.profile, provider=req.provider, price=req.price)
 
 
@@ -155,13 +159,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
         if steps > cap:
             steps, limited = cap, "epochs"
             hours = steps * tp.step_seconds / 3600
-    usd = hours * usd_per_hour
 
     N = tr.counts(spec, req.trainer).n_params if tr is not None else n_params(spec)
-    tokens = steps * tp.tokens_per_step
-    epochs = tokens / req.dataset_tokens if req.dataset_tokens else None
-    ckpt_steps = max(1, round(req.checkpoint_every_minutes * 60 / tp.step_seconds))
-    n_ckpt = max(1, math.ceil(steps / ckpt_steps))
     w_bytes = 2 if req.precision == "bf16" else 4
     model_file = N * w_bytes
     opt_elems = 2 * N if req.optimizer == "adamw" else (matrix_params(spec) + 2 * (N - matrix_params(spec)))
@@ -169,12 +168,23 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     sharded = req.strategy in ("zero1", "zero2", "fsdp")
     opt_rank = opt_full // g if sharded else opt_full
     ckpt_bytes = model_file + opt_full
+    spot: SpotPlan | None = None
+    ckpt_minutes = req.checkpoint_every_minutes
+    if req.spot is not None:     # spot GPUs: the steps that finish within the cap, the Young/Daly cadence
+        steps, hours, limited, spot = spot_length(req, hw, tp, ckpt_bytes)
+        ckpt_minutes = spot.checkpoint_every_minutes
+    usd = hours * usd_per_hour
+
+    tokens = steps * tp.tokens_per_step
+    epochs = tokens / req.dataset_tokens if req.dataset_tokens else None
+    ckpt_steps = max(1, round(ckpt_minutes * 60 / tp.step_seconds))
+    n_ckpt = max(1, math.ceil(steps / ckpt_steps))
     storage = min(n_ckpt, req.keep_last + 1) * ckpt_bytes
 
     sched = SchedulePlan(
         total_steps=steps, tokens_per_step=tp.tokens_per_step, total_tokens=tokens,
         tokens_per_param=tokens / N, dataset_tokens=req.dataset_tokens, epochs=epochs,
-        checkpoint_every_minutes=req.checkpoint_every_minutes, checkpoint_every_steps=ckpt_steps,
+        checkpoint_every_minutes=ckpt_minutes, checkpoint_every_steps=ckpt_steps,
         num_checkpoints=n_ckpt, model_file_bytes=model_file, optimizer_bytes_per_rank=opt_rank,
         checkpoint_bytes=ckpt_bytes, keep_last=req.keep_last, storage_bytes=storage,
     )
@@ -210,7 +220,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                                                    python="python") if tr is None else
                           launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
                                       steps, ckpt_steps)),
-        warnings=_warnings(req, hw, mem, fit, sched, N),
+        spot=spot,
+        warnings=_warnings(req, hw, mem, fit, sched, N) + (spot_warnings(req, spot) if spot else []),
     )
 
 
@@ -242,7 +253,7 @@ def rederive(plan: Plan, plan_path: str | None = None) -> tuple[Plan, list[str]]
     fresh = build_plan(plan.request, plan_path=plan_path or _plan_path_in(plan))
     problems: list[str] = []
     s, f = plan.model_dump(mode="json"), fresh.model_dump(mode="json")
-    for key in ("hardware", "model", "training", "memory", "throughput", "budget", "schedule", "launch"):
+    for key in ("hardware", "model", "training", "memory", "throughput", "budget", "schedule", "launch", "spot"):
         _diff(key, s[key], f[key], problems)
     return fresh, problems
 

@@ -63,10 +63,41 @@ def cluster_torchrun_args(plan: Plan, plan_path: str, run_dir: str, node_rank: i
                             rdzv_endpoint=rdzv_endpoint, max_restarts=DEFAULT_MAX_RESTARTS, python="python")
 
 
-def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, endpoint_var: str) -> list[str]:
+def nanoplan_run_args(plan: Plan, plan_path: str, run_dir: str, node_rank: int | str, rdzv_endpoint: str) -> list[str]:
+    """What a node of a spot job runs: `nanoplan run`, so that every launch, a preempted one included, is
+    counted against the budget (runner/ledger.py), and the run resumes from the run dir's newest checkpoint."""
+    cmd = ["python", "-m", "nanoplan", "run", plan_path, "--run-dir", run_dir]
+    if plan.hardware.nodes > 1:
+        cmd += ["--node-rank", str(node_rank), "--rdzv-endpoint", rdzv_endpoint]
+    return cmd
+
+
+def _check_spot(plan: Plan, spot: bool) -> None:
+    """A spot plan's cap is priced at the spot price: on demand it would overspend; an on-demand plan's steps and
+    hourly checkpoints assume no interruptions."""
+    if plan.spot is not None and not spot:
+        raise PlanError("--spot", f"the plan is priced for spot GPUs ({plan.spot.provider}); on demand its budget "
+                        "would buy fewer hours than it runs", "add --spot, or re-plan without --spot")
+    if spot and plan.spot is None:
+        raise PlanError("--spot", "the plan is for on-demand GPUs: its steps and hourly checkpoints assume no "
+                        "interruptions", "re-plan with nanoplan estimate ... --spot --out plan.json")
+
+
+def _resume_lines(rd: str, when: str = "") -> list[str]:
+    """Set NANOPLAN_RESUME to --resume when the run dir holds a complete checkpoint (`when`: a further test)."""
+    return [f"RUN_DIR={shlex.quote(rd)}",
+            'NANOPLAN_RESUME=""',
+            f'if {when}compgen -G "$RUN_DIR/{CHECKPOINT_META_GLOB}" >/dev/null; then',
+            f'    NANOPLAN_RESUME="{RESUME_FLAG}"',
+            "fi"]
+
+
+def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, endpoint_var: str,
+                 spot: bool = False) -> list[str]:
     """The command, one shell word per line; the rank and endpoint expand from shell variables."""
     words = []
-    for arg in cluster_torchrun_args(plan, plan_path, run_dir, _NODE_RANK, _ENDPOINT):
+    args = (nanoplan_run_args if spot else cluster_torchrun_args)(plan, plan_path, run_dir, _NODE_RANK, _ENDPOINT)
+    for arg in args:
         q = shlex.quote(arg)  # the placeholders hold only characters shlex leaves bare
         words.append(q.replace(_NODE_RANK, f'"${node_rank_var}"').replace(_ENDPOINT, f'"{endpoint_var}"'))
     # Keep "--plan PATH" style pairs on one line: a word that starts with "-" followed by a value.
@@ -82,6 +113,8 @@ def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, e
             i += 1
     if len(lines) > 1 and lines[1].startswith("-m "):  # "python -m torch.distributed.run" on one line
         lines[:2] = [f"{lines[0]} {lines[1]}"]
+    if spot:                                            # "python -m nanoplan run PLAN" on one line
+        lines[:3] = [" ".join(lines[:3])]
     return lines
 
 
@@ -149,12 +182,15 @@ def _summary(plan: Plan) -> str:
 
 
 def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time_margin: float = 0.1,
-                 partition: str | None = None, account: str | None = None, command: str = "") -> str:
-    """An sbatch script: one torchrun agent per node, c10d rendezvous on the first node, requeue on preemption."""
+                 partition: str | None = None, account: str | None = None, command: str = "",
+                 spot: bool = False) -> str:
+    """An sbatch script: one torchrun agent per node, c10d rendezvous on the first node, requeue on preemption.
+    `spot`: each node runs `nanoplan run` (every launch counted) and resumes whenever a checkpoint exists."""
     for field, value in (("PLAN", plan_path), ("--bucket", run_dir), ("--partition", partition),
                          ("--account", account), ("command", command)):
         _printable(field, value)
     _check_gpu_plan(plan, "SLURM")
+    _check_spot(plan, spot)
     if run_dir is not None and "://" in run_dir:
         raise PlanError("--bucket", f"{echo(run_dir, 120)} is a URL; SLURM nodes need a shared filesystem path",
                         "give a directory all nodes see, e.g. --bucket /scratch/$USER/nanoplan")
@@ -223,11 +259,7 @@ def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time
         "",
         "# After a requeue, resume from the run dir's latest checkpoint. The runner finds it by itself too;",
         f"# {RESUME_FLAG} is passed only when one exists, because it refuses to start without one.",
-        f"RUN_DIR={shlex.quote(rd)}",
-        'NANOPLAN_RESUME=""',
-        f'if [ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && compgen -G "$RUN_DIR/{CHECKPOINT_META_GLOB}" >/dev/null; then',
-        f'    NANOPLAN_RESUME="{RESUME_FLAG}"',
-        "fi",
+        *_resume_lines(rd, "" if spot else '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && '),
         "export NANOPLAN_RESUME",
         "",
         f"# USR1 comes {lead} s before the time limit (--signal): SIGTERM the job step so the runner",
@@ -245,10 +277,12 @@ def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time
         "trap on_time_limit USR1",
         "trap on_term TERM",
         "",
-        "# The same torchrun command as `nanoplan run --dry-run`; bash -c expands the node rank on each node.",
+        ("# nanoplan run on every node (spot: each launch is counted against the budget, runner/ledger.py);"
+         if spot else "# The same torchrun command as `nanoplan run --dry-run`; bash -c expands the node rank on "
+         "each node."),
         "# (Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch, so it is passed again.)",
         "srun --kill-on-bad-exit=1 --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" bash -c " + _single_quote_block(
-            _shell_lines(plan, plan_path, rd, "SLURM_NODEID", "$MASTER_ADDR:$MASTER_PORT"),
+            _shell_lines(plan, plan_path, rd, "SLURM_NODEID", "$MASTER_ADDR:$MASTER_PORT", spot),
             prefix="exec ", tail=" $NANOPLAN_RESUME") + " &",
         "STEP_PID=$!",
         "",
@@ -292,11 +326,14 @@ def _skypilot_plan_path(plan_path: str) -> str:
     return p
 
 
-def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: str = "") -> str:
-    """A SkyPilot task YAML: accelerators and nodes from the plan, the run dir on a mounted bucket."""
+def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: str = "", spot: bool = False) -> str:
+    """A SkyPilot task YAML: accelerators and nodes from the plan, the run dir on a mounted bucket. `spot`: a
+    managed job on spot instances (`sky jobs launch`) whose nodes run `nanoplan run` and resume from the newest
+    checkpoint in the bucket after each preemption."""
     for field, value in (("PLAN", plan_path), ("--bucket", bucket), ("command", command)):
         _printable(field, value)
     _check_gpu_plan(plan, "SkyPilot")
+    _check_spot(plan, spot)
     if not bucket:
         raise PlanError("--bucket", "SkyPilot needs a bucket for the run dir, or the checkpoints vanish with the VMs",
                         "give --bucket s3://BUCKET/PATH (or gs://, r2://, ...)")
@@ -322,9 +359,16 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
         run += ["# c10d rendezvous on the head node: the first line of SKYPILOT_NODE_IPS.",
                 'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
                 "export MASTER_ADDR"]
-    run += ["# The same torchrun command as `nanoplan run --dry-run`. The run dir is on the bucket, so a",
-            "# recovered job (sky jobs launch) resumes from its latest checkpoint by itself.",
-            "exec " + " \\\n  ".join(_shell_lines(plan, path, rd, "SKYPILOT_NODE_RANK", "$MASTER_ADDR:$MASTER_PORT"))]
+    if spot:
+        run += ["# After a preemption SkyPilot relaunches the job: resume from the newest checkpoint in the bucket.",
+                *_resume_lines(rd),
+                "# nanoplan run counts every launch against the budget (runner/ledger.py) and stops before it.",
+                "exec " + " \\\n  ".join(_shell_lines(plan, path, rd, "SKYPILOT_NODE_RANK", "$MASTER_ADDR:$MASTER_PORT",
+                                                     spot=True)) + " $NANOPLAN_RESUME"]
+    else:
+        run += ["# The same torchrun command as `nanoplan run --dry-run`. The run dir is on the bucket, so a",
+                "# recovered job (sky jobs launch) resumes from its latest checkpoint by itself.",
+                "exec " + " \\\n  ".join(_shell_lines(plan, path, rd, "SKYPILOT_NODE_RANK", "$MASTER_ADDR:$MASTER_PORT"))]
     setup = [
         "set -euo pipefail",
         "# Install the CUDA build of torch your nodes need, pinned, before nanoplan (the PyPI Linux",
@@ -337,7 +381,7 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
         "name": _job_name(plan),
         "workdir": ".",
         "num_nodes": hw.nodes,
-        "resources": {"accelerators": f"{acc}:{hw.gpus_per_node}"},
+        "resources": {"accelerators": f"{acc}:{hw.gpus_per_node}", **({"use_spot": True} if spot else {})},
         "envs": {"MASTER_PORT": str(DEFAULT_RDZV_PORT),
                  "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(10, lead - 30))},
         "file_mounts": {SKYPILOT_MOUNT: {"source": bucket, "mode": "MOUNT"}},
@@ -347,7 +391,9 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
     head = [f"# nanoplan: {_summary(plan)}",
             f"# Generated by: {command or 'nanoplan export PLAN --skypilot'}",
             f"# Launch from the directory that {_q(path)} is relative to; it is synced to the nodes as the workdir:",
-            "#     sky launch -c nanoplan task.yaml     (or `sky jobs launch task.yaml` to recover from preemption)",
+            ("#     sky jobs launch -n nanoplan task.yaml     (a managed job on spot instances: after a preemption"
+             "\n#     SkyPilot relaunches it and the run resumes from its newest checkpoint)" if spot else
+             "#     sky launch -c nanoplan task.yaml     (or `sky jobs launch task.yaml` to recover from preemption)"),
             f"# Run dir and checkpoints: {_q(rd)}, where {SKYPILOT_MOUNT} is {_q(bucket)} mounted (mode MOUNT)."]
     if acc != prof:
         head.append(f"# accelerators: profile {_q(prof)} -> SkyPilot {_q(acc)}.")

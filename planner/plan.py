@@ -73,6 +73,18 @@ class Hyper(_Strict):
     patience_evals: int = Field(default=0, ge=0, le=MAX_COUNT)  # early stop after N evals without improvement; 0 = off
 
 
+class SpotRequest(_Strict):
+    """Plan on spot (interruptible) GPUs: the provider's spot price, its interruptions, the cadence they call for.
+
+    None fields take the profile's figures (mtbi) or the optimum (checkpoint cadence); planner/spot.py."""
+
+    mtbi_hours: float | None = Field(default=None, gt=0, le=1e6, **Finite)   # --mtbi: mean time between interruptions
+    checkpoint_every_minutes: float | None = Field(default=None, gt=0, le=1e6, **Finite)   # None: Young/Daly
+    quantile: float = Field(default=0.9, gt=0, lt=1, **Finite)   # the run's steps finish within the cap this often
+    trials: int = Field(default=1000, ge=50, le=100_000)         # Monte-Carlo runs of the interruptions
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+
+
 TrainerName = Literal["nanoplan", "nanochat", "torchtitan", "deepspeed"]
 AcMode = Literal["none", "selective-op", "full"]
 
@@ -118,6 +130,7 @@ class PlanRequest(_Strict):
     run_dir: str = "runs/latest"
     hyper: Hyper = Hyper()
     trainer: TrainerRef = DEFAULT_TRAINER   # absent in plans written before trainers (nanoplan's runner)
+    spot: SpotRequest | None = None
 
     @model_validator(mode="after")
     def _one_length(self) -> PlanRequest:
@@ -213,6 +226,44 @@ class SchedulePlan(_Strict):
     storage_bytes: int = Field(ge=0)
 
 
+class SpotPlan(_Strict):
+    """A spot plan's price, interruptions, checkpoint cadence and expected cost (planner/spot.py; docs/spot.md).
+
+    Seconds are paid (billed) seconds. The run's steps (schedule.total_steps) finish within the budget's cap in
+    `finish_probability` of the Monte-Carlo's runs; the others stop at the cap with the LR schedule re-laid
+    (runner/schedule.py). Costs are for those steps; `on_demand_*` for the same steps at the provider's
+    on-demand price."""
+
+    provider: str
+    usd_per_gpu_hour: float = Field(ge=0, **Finite)
+    price_date: str
+    price_source: str
+    on_demand_usd_per_gpu_hour: float | None = Field(default=None, ge=0, **Finite)
+    mtbi_hours: float = Field(gt=0, **Finite)
+    mtbi_source: str
+    storage_bytes_per_s: float = Field(gt=0, **Finite)
+    storage_source: str
+    write_seconds: float = Field(ge=0, **Finite)          # C: one checkpoint written
+    restart_seconds: float = Field(ge=0, **Finite)        # R: what a relaunch costs, the parts in restart_parts
+    restart_parts: dict[str, Annotated[float, Field(ge=0, **Finite)]]
+    optimum_minutes: float = Field(gt=0, **Finite)        # Young/Daly: sqrt(2 C M)
+    checkpoint_every_minutes: float = Field(gt=0, **Finite)
+    cadence: Literal["young-daly", "request"]
+    expected_interruptions: float = Field(ge=0, **Finite)
+    expected_lost_minutes: float = Field(ge=0, **Finite)  # work lost per interruption (the restart not included)
+    expected_hours: float = Field(ge=0, **Finite)
+    p90_hours: float = Field(ge=0, **Finite)
+    expected_usd: float = Field(ge=0, **Finite)
+    p90_usd: float = Field(ge=0, **Finite)
+    finish_probability: float = Field(ge=0, le=1, **Finite)
+    cap_hours: float | None = Field(default=None, gt=0, **Finite)   # the budget or --hours, in paid hours
+    on_demand_hours: float = Field(ge=0, **Finite)
+    on_demand_usd: float | None = Field(default=None, ge=0, **Finite)
+    quantile: float = Field(gt=0, lt=1, **Finite)
+    trials: int = Field(gt=0)
+    seed: int = Field(ge=0)
+
+
 class LaunchPlan(_Strict):
     run_dir: str
     command: list[str]
@@ -230,6 +281,7 @@ class Plan(_Strict):
     budget: BudgetPlan
     schedule: SchedulePlan
     launch: LaunchPlan
+    spot: SpotPlan | None = None
     warnings: list[str] = []
 
 
@@ -301,7 +353,31 @@ def trained_fields(doc: dict[str, Any]) -> dict[str, Any]:
     if isinstance(d.get("request"), dict):
         d["request"] = {k: v for k, v in d["request"].items()
                         if k != "run_dir" and not (k == "trainer" and v == DEFAULT_TRAINER.model_dump(mode="json"))}
-    return d
+    return _without_unset(d)
+
+
+# Fields added after plans were first written (spot GPUs): left out of a plan's identity while unset, so that a
+# plan.json written before them hashes as it did (its checkpoints still resume).
+_LATER_FIELDS = (("spot",), ("request", "spot"), ("request", "profile", "storage_gb_s"),
+                 ("request", "profile", "prices", "*", "spot"))
+
+
+def _without_unset(doc: dict[str, Any]) -> dict[str, Any]:
+    def drop(node: Any, path: tuple[str, ...]) -> None:
+        if path[0] == "*":
+            for item in node if isinstance(node, list) else []:
+                drop(item, path[1:])
+        elif isinstance(node, dict):
+            if len(path) == 1:
+                if path[0] in node and node[path[0]] is None:
+                    del node[path[0]]
+            elif path[0] in node:
+                drop(node[path[0]], path[1:])
+
+    out = json.loads(json.dumps(doc))
+    for path in _LATER_FIELDS:
+        drop(out, path)
+    return out
 
 
 def plan_doc(plan: Plan) -> dict[str, Any]:

@@ -26,8 +26,28 @@ Pos = Field(gt=0, allow_inf_nan=False, strict=True)
 MAX_BYTES = 10**15                       # 1 PB per GPU
 MAX_TFLOPS = 1e6                         # 1 EFLOP/s per GPU
 MAX_GB_S = 1e6                           # 1 PB/s per link
+# Checkpoint storage of a node when the profile gives none (storage_gb_s): the figure planner/export.py already
+# assumes for a shared filesystem or bucket mount.
+DEFAULT_STORAGE_GB_S = 1.0
+DEFAULT_STORAGE_SOURCE = ("assumption: 1 GB/s to a shared filesystem or bucket mount (planner/export.py "
+                          "CHECKPOINT_WRITE_BYTES_PER_S); set storage_gb_s in the profile")
 Tflops = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
 GbS = Field(gt=0, le=MAX_GB_S, allow_inf_nan=False, strict=True)
+
+
+class SpotPrice(BaseModel):
+    """A provider's interruptible (spot, preemptible) price, dated and sourced, and how often it interrupts.
+
+    `mtbi_hours` is the mean time between interruptions of one node. No provider publishes one for these
+    GPUs, so `mtbi_source` says where the figure comes from: a source, or "assumption: ..." (docs/spot.md).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    usd_per_gpu_hour: float = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
+    date: str = Field(min_length=4)
+    source: str = Field(min_length=3)
+    mtbi_hours: float = Field(gt=0, le=1e6, allow_inf_nan=False, strict=True)
+    mtbi_source: str = Field(min_length=3)
 
 
 class Price(BaseModel):
@@ -36,6 +56,7 @@ class Price(BaseModel):
     usd_per_gpu_hour: float = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
     date: str = Field(min_length=4)
     source: str = Field(min_length=3)
+    spot: SpotPrice | None = None      # the same provider's spot price, where it publishes one
 
 
 class MfuPoint(BaseModel):
@@ -79,6 +100,7 @@ class HardwareProfile(BaseModel):
     overheads: Overheads = Overheads()
     default_provider: str
     prices: list[Price] = Field(min_length=1)
+    storage_gb_s: float | None = Field(default=None, gt=0, le=MAX_GB_S, allow_inf_nan=False, strict=True)  # checkpoints
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -86,6 +108,8 @@ class HardwareProfile(BaseModel):
         missing = [f for f in SOURCED_FIELDS if f not in self.sources]
         if missing:
             raise ValueError(f"sources is missing {', '.join(missing)}: every figure needs a source")
+        if self.storage_gb_s is not None and "storage_gb_s" not in self.sources:
+            raise ValueError("sources is missing storage_gb_s: every figure needs a source")
         if self.default_provider not in {p.provider for p in self.prices}:
             raise ValueError(f"default_provider {self.default_provider!r} has no entry in prices")
         return self
@@ -98,6 +122,31 @@ class HardwareProfile(BaseModel):
         allowed = ", ".join(p.provider for p in self.prices)
         raise PlanError("--provider", f"no price for {provider!r} on {self.name}",
                         f"allowed: {allowed}, or give --price USD_PER_GPU_HOUR")
+
+    def spot_price(self, provider: str | None = None) -> tuple[Price, SpotPrice]:
+        """A provider's spot price: the one asked for, else the default provider's, else the cheapest."""
+        with_spot = [p for p in self.prices if p.spot is not None]
+        if provider is not None:
+            p = self.price(provider)
+            if p.spot is None:
+                have = ", ".join(q.provider for q in with_spot) or "none of its providers"
+                raise PlanError("--provider", f"{p.provider} publishes no spot price for {self.name}",
+                                f"spot prices: {have}; or give --price USD_PER_GPU_HOUR with --spot")
+            return p, p.spot
+        if not with_spot:
+            raise PlanError("--spot", f"no spot price for {self.name}",
+                            "give --price USD_PER_GPU_HOUR (your spot price) with --spot; docs/spot.md")
+        d = self.price()
+        if d.spot is not None:
+            return d, d.spot
+        best = min(with_spot, key=lambda q: q.spot.usd_per_gpu_hour)  # type: ignore[union-attr]
+        return best, best.spot  # type: ignore[return-value]
+
+    def storage_bytes_per_s(self) -> tuple[float, str]:
+        """Checkpoint write/read bandwidth of one node (bytes/s) and its source."""
+        if self.storage_gb_s is not None:
+            return self.storage_gb_s * 1e9, self.sources.get("storage_gb_s", "the profile's storage_gb_s")
+        return DEFAULT_STORAGE_GB_S * 1e9, DEFAULT_STORAGE_SOURCE
 
     def peak_flops(self, precision: str) -> float:
         """Dense peak FLOP/s for the precision the runner uses."""

@@ -123,12 +123,12 @@ class _MetadataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def check_metadata(dcp_dir: Path) -> None:
-    """Refuse (one-line PlanError) a DCP directory whose .metadata is not plain DCP metadata."""
+def check_metadata(dcp_dir: Path) -> Any:
+    """The DCP directory's .metadata; a one-line PlanError when it is not plain DCP metadata."""
     path = dcp_dir / ".metadata"
     try:
         with open(path, "rb") as f:
-            _MetadataUnpickler(f).load()
+            return _MetadataUnpickler(f).load()
     except Exception as e:  # noqa: BLE001 - any failure to read an untrusted file is the same refusal
         why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise PlanError(str(path), f"refused: it is not DCP checkpoint metadata ({why})",
@@ -136,13 +136,24 @@ def check_metadata(dcp_dir: Path) -> None:
 
 
 def load_shards(step_path: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
-    """Collective: load model and optimizer state from step_path/dcp (resharding as needed)."""
-    check_metadata(step_path / MODEL_DIR)
-    check_metadata(step_path / OPTIM_DIR)
+    """Collective: load model and optimizer state from step_path/dcp (resharding as needed).
+
+    Every tensor's global size and dtype in the .metadata is checked against the live state dict
+    first (runner/state_check.py), the same on every rank, so a crafted checkpoint is refused on
+    all of them (a PlanError naming the entry) before dcp.load reads anything."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from runner.state_check import dcp_problem
+
+    metas = {sub: check_metadata(step_path / sub) for sub in (MODEL_DIR, OPTIM_DIR)}
     msd, osd = get_state_dict(model, optimizers)
+    for sub, sd, what in ((MODEL_DIR, msd, "model"), (OPTIM_DIR, osd, "optimizer")):
+        if (why := dcp_problem(metas[sub], flatten_state_dict(sd)[0], what)) is not None:
+            raise PlanError(str(step_path / sub), why, f"it was not written by this plan's run, or was edited after; "
+                            f"move {step_path.name} out of {step_path.parent} to resume from an earlier "
+                            "checkpoint, or use another --run-dir")
     dcp.load(msd, checkpoint_id=step_path / MODEL_DIR)
     dcp.load(osd, checkpoint_id=step_path / OPTIM_DIR)
     set_state_dict(model, optimizers, model_state_dict=msd, optim_state_dict=osd)

@@ -165,8 +165,14 @@ def export_model_file(step_path: Path, out: Path) -> dict[str, torch.Tensor]:
     DCP checkpoints are consolidated with ``dcp_to_torch_save`` in this process (it needs host
     memory for the whole model); a DDP/zero1 checkpoint's model.pt is already one. Returns the
     state dict (loaded back with weights_only=True, as a user would).
+
+    Every read is weights-only (runner/torch_files.load_torch): a model.pt that holds pickled objects
+    is a one-line PlanError that never suggests loading it unsafely.
     """
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from runner.torch_files import load_torch
 
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
@@ -174,11 +180,18 @@ def export_model_file(step_path: Path, out: Path) -> dict[str, torch.Tensor]:
     try:
         if has_shards(step_path):
             check_metadata(step_path / MODEL_DIR)
-            dcp_to_torch_save(step_path / MODEL_DIR, tmp)
+            try:
+                dcp_to_torch_save(step_path / MODEL_DIR, tmp)
+            except (Exception, CheckpointException) as e:  # noqa: BLE001 - an untrusted checkpoint: one line
+                why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise PlanError(str(step_path / MODEL_DIR), f"cannot be consolidated ({why})",
+                                "export another --step") from None
         else:
-            sd = torch.load(step_path / "model.pt", map_location="cpu", weights_only=True)
+            sd = load_torch(step_path / "model.pt")
+            if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+                raise PlanError(str(step_path / "model.pt"), "is not a state dict of tensors", "export another --step")
             torch.save(sd, tmp)
-        sd = torch.load(tmp, map_location="cpu", weights_only=True)
+        sd = load_torch(Path(tmp))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)

@@ -488,7 +488,7 @@ class Trainer:
             reason = "write_error"      # rank 0 only (a write after the last all-reduce): its exit code counts
         total_h = self.total_s() / 3600.0
         code = exit_code(reason)
-        self.error = stop_error(reason, step, self.write_error, self.run_dir)
+        self.error = stop_error(reason, step, self.write_error, self.run_dir, self.start_step if self.resume_meta else None)
         summary = stop_summary(self.plan, steps=step, tokens=step * self.tokens_per_step, hours=total_h,
                                usd=total_h * self.usd_per_hour, loss=self.last_loss,
                                val_loss=self.last_val[1] if self.last_val else None)

@@ -49,6 +49,7 @@ BASE_GRACE_S = 120              # rendezvous teardown, the step in flight, the m
 SKYPILOT_MOUNT = "/checkpoints"  # where the bucket is mounted on every SkyPilot node
 RESUME_FLAG = "--resume"        # appended after a SLURM requeue (the runner also resumes by itself)
 CHECKPOINT_META_GLOB = "checkpoints/*/meta.json"  # a complete checkpoint (runner/checkpoint.py layout)
+MAX_TIME_LIMIT_S = 1e6 * 3600 * 11  # a plan's request.hours is at most 1e6 h; × (1 + the largest margin, 10)
 
 # Placeholders put into torchrun_command, then replaced by the scheduler's shell variables.
 _NODE_RANK = "@NANOPLAN_NODE_RANK@"
@@ -108,6 +109,23 @@ def _check_gpu_plan(plan: Plan, target: str) -> None:
                         "make a GPU plan, e.g. nanoplan estimate --gpu 2x8xH100 ... --out plan.json")
 
 
+def check_exportable(plan: Plan, plan_path: str) -> None:
+    """Refuse (one-line PlanError, exit 2) a plan that `nanoplan validate` finds stale or edited (every number
+    re-derived from its request, planner/validate.py), or whose budget is shorter than one step: an export
+    writes the plan's nodes and hours into a job that takes them as they are."""
+    from planner.validate import check_plan
+
+    check = check_plan(plan, plan_path, headroom=plan.request.headroom)
+    if not check.consistent:
+        more = f" (and {len(check.problems) - 1} more)" if len(check.problems) > 1 else ""
+        raise PlanError(plan_path, f"{check.problems[0]}{more}",
+                        "regenerate it with nanoplan estimate --out; nanoplan validate lists every difference")
+    if plan.budget.hours * 3600 < plan.throughput.step_seconds:
+        raise PlanError(f"{plan_path}: field 'budget.hours'",
+                        f"{plan.budget.hours:.3g} h is shorter than one step ({plan.throughput.step_seconds:.3g} s); "
+                        "nothing would train", "plan a longer run: nanoplan estimate --hours H or --budget USD")
+
+
 def _margin(time_margin: float) -> float:
     if not (math.isfinite(time_margin) and 0 <= time_margin <= 10):
         raise PlanError("--time-margin", f"must be a fraction between 0 and 10, got {time_margin}",
@@ -117,7 +135,11 @@ def _margin(time_margin: float) -> float:
 
 def time_limit_seconds(plan: Plan, time_margin: float) -> int:
     """The plan's hours plus the margin, rounded up to a whole minute."""
-    return max(60, math.ceil(plan.budget.hours * (1 + _margin(time_margin)) * 60) * 60)
+    minutes = plan.budget.hours * (1 + _margin(time_margin)) * 60
+    if not minutes <= MAX_TIME_LIMIT_S / 60:
+        raise PlanError("budget.hours", f"{plan.budget.hours:.3g} h is more than SLURM can be asked for",
+                        "regenerate the plan with nanoplan estimate --out")
+    return max(60, math.ceil(minutes) * 60)
 
 
 def format_slurm_time(seconds: int) -> str:

@@ -5,8 +5,9 @@ rank and the rendezvous endpoint become the scheduler's variables; `cluster_torc
 list, so the tests compare the launch files against it argument by argument.
 
 Hostile input: a string that reaches either file, from the plan or from the command line, must
-not hold a control character (the plan's schema refuses them; `_printable` refuses them in the
-CLI's arguments), so no value can start a line of its own. Every value is shlex-quoted where it
+not hold a control character, nor an invisible bidi or zero-width one (the plan's schema refuses
+them; `_printable` refuses them in the CLI's arguments), so no value can start a line of its own or
+read as something else. Every value is shlex-quoted where it
 lands in the shell script, comments included, and the SkyPilot YAML is emitted by yaml's
 SafeDumper (the dumper yaml.safe_dump uses, plus one representer that picks readable literal
 blocks for the multi-line setup/run strings where the emitter allows them).
@@ -87,7 +88,8 @@ def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, e
 
 
 def _printable(field: str, value: str | None) -> None:
-    """Refuse a control character (newline, CR, NUL, escape, ...) in a value written into a launch file."""
+    """Refuse a control character (newline, CR, NUL, escape, ...) or an invisible one (bidi override, zero-width
+    space, ...: planner.errors.INVISIBLE) in a value written into a launch file."""
     if value is not None and (hit := control_char(value)):
         raise PlanError(field, f"holds a control character ({hit[1]} at index {hit[0]}): {echo(value, 120)}",
                         "give a printable path or name")
@@ -306,6 +308,13 @@ class _BlockDumper(yaml.SafeDumper):
 _BlockDumper.add_representer(str, _literal_str)
 
 
+class _Quoted(str):
+    """A value from the command line, written double-quoted (a bucket URL in file_mounts' `source:`)."""
+
+
+_BlockDumper.add_representer(_Quoted, lambda d, data: d.represent_scalar("tag:yaml.org,2002:str", str(data), style='"'))
+
+
 def _skypilot_plan_path(plan_path: str) -> str:
     p = posixpath.normpath(plan_path.replace("\\", "/"))
     if posixpath.isabs(p) or p.startswith(".."):
@@ -362,7 +371,7 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
         "resources": {"accelerators": f"{acc}:{hw.gpus_per_node}"},
         "envs": {"MASTER_PORT": str(DEFAULT_RDZV_PORT),
                  "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(10, lead - 30))},
-        "file_mounts": {SKYPILOT_MOUNT: {"source": bucket, "mode": "MOUNT"}},
+        "file_mounts": {SKYPILOT_MOUNT: {"source": _Quoted(bucket), "mode": "MOUNT"}},
         "setup": "\n".join(setup) + "\n",
         "run": "\n".join(run) + "\n",
     }

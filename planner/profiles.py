@@ -8,10 +8,10 @@ import math
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import PlanError, pydantic_one_line
 
@@ -21,11 +21,6 @@ SOURCED_FIELDS = (
     "inter_node_gb_s", "default_mfu",
 )
 
-Pos = Field(gt=0, allow_inf_nan=False, strict=True)
-# Upper bounds far beyond any real device: absurd figures give a one-line error, not an overflow.
-MAX_BYTES = 10**15                       # 1 PB per GPU
-MAX_TFLOPS = 1e6                         # 1 EFLOP/s per GPU
-MAX_GB_S = 1e6                           # 1 PB/s per link
 # Plausible physical ranges of a profile's figures, (low, high, unit): a figure outside one is a typo or a crafted
 # file, refused naming the file and the field (an absurd one otherwise ends in a NaN, an overflow or a wrong blame).
 RANGES: dict[str, tuple[float, float, str]] = {
@@ -54,21 +49,23 @@ def _in(kind: str, **kw: object) -> Any:
     return Field(ge=lo, le=hi, allow_inf_nan=False, strict=True, **kw)  # type: ignore[arg-type]
 
 
-Tflops = _in("tflops")
-GbS = _in("gb_s")
+Price_ = Annotated[float, AfterValidator(check_price)]    # $/GPU-hour: 0, or in RANGES
+
+Pos = Field(gt=0, allow_inf_nan=False, strict=True)
+# Upper bounds far beyond any real device: absurd figures give a one-line error, not an overflow.
+MAX_BYTES = 10**15                       # 1 PB per GPU
+MAX_TFLOPS = 1e6                         # 1 EFLOP/s per GPU
+MAX_GB_S = 1e6                           # 1 PB/s per link
+Tflops = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
+GbS = Field(gt=0, le=MAX_GB_S, allow_inf_nan=False, strict=True)
 
 
 class Price(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     provider: str = Field(min_length=1)
-    usd_per_gpu_hour: float = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)   # 0, or in RANGES
+    usd_per_gpu_hour: Price_ = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
     date: str = Field(min_length=4)
     source: str = Field(min_length=3)
-
-    @field_validator("usd_per_gpu_hour")
-    @classmethod
-    def _plausible(cls, v: float) -> float:
-        return check_price(v)
 
 
 class MfuPoint(BaseModel):
@@ -100,12 +97,12 @@ class HardwareProfile(BaseModel):
     memory_gb: float = _in("memory_gb")
     usable_bytes: int = Field(ge=int(RANGES["usable_bytes"][0]), le=int(RANGES["usable_bytes"][1]))
     hbm_tb_s: float = _in("hbm_tb_s")
-    bf16_tflops: float = Tflops
+    bf16_tflops: float = _in("tflops")
     fp8_tflops: float | None = _in("tflops", default=None)
-    tf32_tflops: float = Tflops
+    tf32_tflops: float = _in("tflops")
     fp32_tflops: float | None = _in("tflops", default=None)
-    intra_node_gb_s: float = GbS
-    inter_node_gb_s: float = GbS
+    intra_node_gb_s: float = _in("gb_s")
+    inter_node_gb_s: float = _in("gb_s")
     gpus_per_node: int = Field(gt=0, le=1024)
     default_mfu: float = _in("mfu")
     mfu_curve: list[MfuPoint] = []

@@ -39,7 +39,7 @@ def export(
                                              "or a requeued SLURM job, resuming from the newest checkpoint")] = False,
 ) -> None:
     """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
-    from planner.export import skypilot_task, slurm_script  # noqa: PLC0415
+    from planner.export import check_exportable, skypilot_task, slurm_script  # noqa: PLC0415
 
     if for_trainer is not None:
         from nanoplan.export_trainer import export_for  # noqa: PLC0415
@@ -51,6 +51,7 @@ def export(
     if slurm == skypilot:
         raise PlanError("--slurm/--skypilot", "give exactly one of them", "e.g. nanoplan export plan.json --slurm")
     plan = load_plan(plan_path)
+    check_exportable(plan, plan_path)     # re-derived as `nanoplan validate` does: a hand-edited plan is refused
     if skypilot and (partition or account):
         raise PlanError("--partition/--account", "are SLURM options", "drop them with --skypilot")
     if not plan.memory.fits:

@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 
 from planner.build import build_plan, hardware_of, step_config
-from planner.errors import PlanError
+from planner.errors import PlanError, echo
 from planner.plan import Plan, atomic_write_text, doc_sha, load_plan, plan_hash, trained_fields
 from planner.profiles import HardwareProfile, MfuPoint, Overheads, load_profile_file
 from planner.throughput import (
@@ -120,10 +120,12 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
     missing = [k for k in REQUIRED_KEYS if k not in row]
     if missing:
         raise PlanError(where, f"has no {', '.join(missing)}", "write it with nanoplan run")
-    for k, low in (("step", 0), ("world_size", 1)):
-        v = row[k]
+    if row.get("segment", 0) is None:
+        del row["segment"]      # as if absent: one launch
+    for k, low in (("step", 0), ("world_size", 1), ("segment", 0)):
+        v = row.get(k, low)     # segment: absent in old logs (one launch)
         if not isinstance(v, int) or isinstance(v, bool) or v < low:
-            raise PlanError(f"{where}: field '{k}'", f"must be an integer >= {low}, got {v!r}")
+            raise PlanError(f"{where}: field '{k}'", f"must be an integer >= {low}, got {echo(v, 80)}")
     tps = row["tokens_per_sec"]
     if not isinstance(tps, (int, float)) or isinstance(tps, bool) or not math.isfinite(tps) or tps < 0:
         raise PlanError(f"{where}: field 'tokens_per_sec'", f"must be a finite number >= 0, got {tps!r}")

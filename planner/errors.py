@@ -9,6 +9,7 @@ for results only.
 from __future__ import annotations
 
 import json
+import unicodedata
 from typing import Any
 
 from pydantic import BaseModel
@@ -56,12 +57,21 @@ def echo(value: Any, limit: int = MAX_ECHO) -> str:
     return clip(repr(value), limit)
 
 
+# Characters that change what a reader sees without being seen themselves: the bidi marks, embeddings, overrides
+# and isolates of "Trojan Source" (CVE-2021-42574: U+061C, U+200E/F, U+202A-202E, U+2066-2069), the zero-width
+# space, joiners and word joiner (U+200B-200D, U+2060), the invisible operators (U+2061-2064) and the BOM (U+FEFF).
+INVISIBLE = frozenset([0x061C, *range(0x200B, 0x2010), *range(0x202A, 0x202F), *range(0x2060, 0x2070), 0xFEFF])
+
+
 def control_char(text: str) -> tuple[int, str] | None:
-    """(index, 'U+000A') of the first control character in `text` (C0, DEL, C1, U+2028/2029), or None."""
+    """(index, 'U+000A') of the first control character in `text` (C0, DEL, C1, U+2028/2029), or of the first
+    invisible one (INVISIBLE: bidi and zero-width, e.g. 'U+202E RIGHT-TO-LEFT OVERRIDE'), or None."""
     for i, c in enumerate(text):
         o = ord(c)
         if o < 0x20 or 0x7F <= o <= 0x9F or o in (0x2028, 0x2029):
             return i, f"U+{o:04X}"
+        if o in INVISIBLE:
+            return i, f"U+{o:04X} {unicodedata.name(c, 'invisible')}"
     return None
 
 

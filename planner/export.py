@@ -5,8 +5,9 @@ rank and the rendezvous endpoint become the scheduler's variables; `cluster_torc
 list, so the tests compare the launch files against it argument by argument.
 
 Hostile input: a string that reaches either file, from the plan or from the command line, must
-not hold a control character (the plan's schema refuses them; `_printable` refuses them in the
-CLI's arguments), so no value can start a line of its own. Every value is shlex-quoted where it
+not hold a control character, nor an invisible bidi or zero-width one (the plan's schema refuses
+them; `_printable` refuses them in the CLI's arguments), so no value can start a line of its own or
+read as something else. Every value is shlex-quoted where it
 lands in the shell script, comments included, and the SkyPilot YAML is emitted by yaml's
 SafeDumper (the dumper yaml.safe_dump uses, plus one representer that picks readable literal
 blocks for the multi-line setup/run strings where the emitter allows them).
@@ -49,6 +50,7 @@ BASE_GRACE_S = 120              # rendezvous teardown, the step in flight, the m
 SKYPILOT_MOUNT = "/checkpoints"  # where the bucket is mounted on every SkyPilot node
 RESUME_FLAG = "--resume"        # appended after a SLURM requeue (the runner also resumes by itself)
 CHECKPOINT_META_GLOB = "checkpoints/*/meta.json"  # a complete checkpoint (runner/checkpoint.py layout)
+MAX_TIME_LIMIT_S = 1e6 * 3600 * 11  # a plan's request.hours is at most 1e6 h; × (1 + the largest margin, 10)
 
 # Placeholders put into torchrun_command, then replaced by the scheduler's shell variables.
 _NODE_RANK = "@NANOPLAN_NODE_RANK@"
@@ -119,7 +121,8 @@ def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, e
 
 
 def _printable(field: str, value: str | None) -> None:
-    """Refuse a control character (newline, CR, NUL, escape, ...) in a value written into a launch file."""
+    """Refuse a control character (newline, CR, NUL, escape, ...) or an invisible one (bidi override, zero-width
+    space, ...: planner.errors.INVISIBLE) in a value written into a launch file."""
     if value is not None and (hit := control_char(value)):
         raise PlanError(field, f"holds a control character ({hit[1]} at index {hit[0]}): {echo(value, 120)}",
                         "give a printable path or name")
@@ -141,6 +144,23 @@ def _check_gpu_plan(plan: Plan, target: str) -> None:
                         "make a GPU plan, e.g. nanoplan estimate --gpu 2x8xH100 ... --out plan.json")
 
 
+def check_exportable(plan: Plan, plan_path: str) -> None:
+    """Refuse (one-line PlanError, exit 2) a plan that `nanoplan validate` finds stale or edited (every number
+    re-derived from its request, planner/validate.py), or whose budget is shorter than one step: an export
+    writes the plan's nodes and hours into a job that takes them as they are."""
+    from planner.validate import check_plan
+
+    check = check_plan(plan, plan_path, headroom=plan.request.headroom)
+    if not check.consistent:
+        more = f" (and {len(check.problems) - 1} more)" if len(check.problems) > 1 else ""
+        raise PlanError(plan_path, f"{check.problems[0]}{more}",
+                        "regenerate it with nanoplan estimate --out; nanoplan validate lists every difference")
+    if plan.budget.hours * 3600 < plan.throughput.step_seconds:
+        raise PlanError(f"{plan_path}: field 'budget.hours'",
+                        f"{plan.budget.hours:.3g} h is shorter than one step ({plan.throughput.step_seconds:.3g} s); "
+                        "nothing would train", "plan a longer run: nanoplan estimate --hours H or --budget USD")
+
+
 def _margin(time_margin: float) -> float:
     if not (math.isfinite(time_margin) and 0 <= time_margin <= 10):
         raise PlanError("--time-margin", f"must be a fraction between 0 and 10, got {time_margin}",
@@ -150,7 +170,11 @@ def _margin(time_margin: float) -> float:
 
 def time_limit_seconds(plan: Plan, time_margin: float) -> int:
     """The plan's hours plus the margin, rounded up to a whole minute."""
-    return max(60, math.ceil(plan.budget.hours * (1 + _margin(time_margin)) * 60) * 60)
+    minutes = plan.budget.hours * (1 + _margin(time_margin)) * 60
+    if not minutes <= MAX_TIME_LIMIT_S / 60:
+        raise PlanError("budget.hours", f"{plan.budget.hours:.3g} h is more than SLURM can be asked for",
+                        "regenerate the plan with nanoplan estimate --out")
+    return max(60, math.ceil(minutes) * 60)
 
 
 def format_slurm_time(seconds: int) -> str:
@@ -318,6 +342,13 @@ class _BlockDumper(yaml.SafeDumper):
 _BlockDumper.add_representer(str, _literal_str)
 
 
+class _Quoted(str):
+    """A value from the command line, written double-quoted (a bucket URL in file_mounts' `source:`)."""
+
+
+_BlockDumper.add_representer(_Quoted, lambda d, data: d.represent_scalar("tag:yaml.org,2002:str", str(data), style='"'))
+
+
 def _skypilot_plan_path(plan_path: str) -> str:
     p = posixpath.normpath(plan_path.replace("\\", "/"))
     if posixpath.isabs(p) or p.startswith(".."):
@@ -384,7 +415,7 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
         "resources": {"accelerators": f"{acc}:{hw.gpus_per_node}", **({"use_spot": True} if spot else {})},
         "envs": {"MASTER_PORT": str(DEFAULT_RDZV_PORT),
                  "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(10, lead - 30))},
-        "file_mounts": {SKYPILOT_MOUNT: {"source": bucket, "mode": "MOUNT"}},
+        "file_mounts": {SKYPILOT_MOUNT: {"source": _Quoted(bucket), "mode": "MOUNT"}},
         "setup": "\n".join(setup) + "\n",
         "run": "\n".join(run) + "\n",
     }

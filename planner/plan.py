@@ -32,7 +32,8 @@ NonNegInt = Annotated[int, Field(ge=0)]
 
 
 class _Strict(BaseModel):
-    """extra="forbid", and no control characters in any string (paths, names, list items, keys).
+    """extra="forbid", and no control characters in any string (paths, names, list items, keys), nor the
+    invisible bidi and zero-width ones (planner.errors.INVISIBLE) that make a reviewer read something else.
 
     A newline in run_dir or data_dir would otherwise become a line of its own in an exported
     sbatch script or SkyPilot YAML (planner/export.py). The check walks nested models too, so the
@@ -52,7 +53,8 @@ class _Strict(BaseModel):
             where, i, code = found
             inner = f"'{where}' " if where else ""
             raise ValueError(f"{inner}holds a control character ({code} at index {i}); "
-                             "paths and names must be printable (no newline, CR, NUL, tab or escape)")
+                             "paths and names must be printable (no newline, CR, NUL, tab, escape, "
+                             "nor invisible bidi or zero-width characters)")
         return v
 
 

@@ -8,10 +8,10 @@ import math
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from planner.errors import PlanError, pydantic_one_line
 
@@ -20,6 +20,36 @@ SOURCED_FIELDS = (
     "memory_gb", "usable_bytes", "hbm_tb_s", "bf16_tflops", "tf32_tflops", "intra_node_gb_s",
     "inter_node_gb_s", "default_mfu",
 )
+
+# Plausible physical ranges of a profile's figures, (low, high, unit): a figure outside one is a typo or a crafted
+# file, refused naming the file and the field (an absurd one otherwise ends in a NaN, an overflow or a wrong blame).
+RANGES: dict[str, tuple[float, float, str]] = {
+    "memory_gb": (1, 2048, "GB"),                  # 1 GB to 2 TB per GPU (B200: 180 GB)
+    "usable_bytes": (1e8, 2.2e12, "bytes"),        # 0.1 GB to 2,048 GiB (usable is in GiB, so above memory_gb's GB)
+    "hbm_tb_s": (0.01, 100, "TB/s"),               # one CPU process's DRAM (CPU.yaml 0.02) to 13x B200's 7.7
+    "tflops": (0.01, 1e5, "TFLOP/s"),              # one CPU core (CPU.yaml 0.075) to 44x B200's 2,250 dense bf16
+    "gb_s": (0.001, 1e5, "GB/s"),                  # gloo's effective 0.0085 calibrated on a loaded 2-core CPU box
+                                                   # (tests/data/calibration) to 55x NVLink5's 1,800 GB/s
+    "mfu": (0.001, 1, "fraction of peak"),         # below 0.1% a run is broken, not slow; above 1 is impossible
+    "usd_per_gpu_hour": (0.01, 1e4, "$/GPU-hour"),  # a cent to $10k per GPU-hour (H100s rent for $2-$12); 0 = own machine
+    "overhead_bytes": (0, 2**36, "bytes"),         # CUDA context / NCCL buffers: none to 64 GiB
+}
+
+
+def check_price(usd: float) -> float:
+    """A price per GPU-hour: 0 (your own machine) or within RANGES (5e-324 overflows a dollar budget's hours)."""
+    lo, hi, unit = RANGES["usd_per_gpu_hour"]
+    if 0 < usd < lo:
+        raise ValueError(f"{usd!r} is outside the plausible range: 0 (your own machine) or {lo:g} to {hi:g} {unit}")
+    return usd
+
+
+def _in(kind: str, **kw: object) -> Any:
+    lo, hi, _ = RANGES[kind]
+    return Field(ge=lo, le=hi, allow_inf_nan=False, strict=True, **kw)  # type: ignore[arg-type]
+
+
+Price_ = Annotated[float, AfterValidator(check_price)]    # $/GPU-hour: 0, or in RANGES
 
 Pos = Field(gt=0, allow_inf_nan=False, strict=True)
 # Upper bounds far beyond any real device: absurd figures give a one-line error, not an overflow.
@@ -53,7 +83,7 @@ class SpotPrice(BaseModel):
 class Price(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     provider: str = Field(min_length=1)
-    usd_per_gpu_hour: float = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
+    usd_per_gpu_hour: Price_ = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
     date: str = Field(min_length=4)
     source: str = Field(min_length=3)
     spot: SpotPrice | None = None      # the same provider's spot price, where it publishes one
@@ -64,15 +94,15 @@ class MfuPoint(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     n_params: int = Field(gt=0, le=MAX_BYTES)
-    mfu: float = Field(gt=0, le=1, allow_inf_nan=False, strict=True)
+    mfu: float = _in("mfu")
 
 
 class Overheads(BaseModel):
     """Fixed memory overheads per GPU. Defaults are assumptions until calibrated on a GPU."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    cuda_context_bytes: int = Field(default=536_870_912, ge=0, le=MAX_BYTES)   # 512 MiB: assumption
-    nccl_bytes: int = Field(default=268_435_456, ge=0, le=MAX_BYTES)           # 256 MiB with >1 GPU: assumption
+    cuda_context_bytes: int = Field(default=536_870_912, ge=0, le=int(RANGES["overhead_bytes"][1]))  # 512 MiB: assumption
+    nccl_bytes: int = Field(default=268_435_456, ge=0, le=int(RANGES["overhead_bytes"][1]))  # 256 MiB with >1 GPU: assumption
     fragmentation: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False, strict=True)  # of the peak: assumption
     source: str = "assumption: typical CUDA 12 context and NCCL buffers; calibrate with nanoplan calibrate"
 
@@ -85,17 +115,17 @@ class HardwareProfile(BaseModel):
     description: str = ""
     aliases: list[str] = []
     kind: Literal["gpu", "cpu"] = "gpu"
-    memory_gb: float = Field(gt=0, le=MAX_BYTES / 1e9, allow_inf_nan=False, strict=True)
-    usable_bytes: int = Field(gt=0, le=MAX_BYTES)
-    hbm_tb_s: float = Field(gt=0, le=MAX_GB_S / 1e3, allow_inf_nan=False, strict=True)
-    bf16_tflops: float = Tflops
-    fp8_tflops: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
-    tf32_tflops: float = Tflops
-    fp32_tflops: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
-    intra_node_gb_s: float = GbS
-    inter_node_gb_s: float = GbS
+    memory_gb: float = _in("memory_gb")
+    usable_bytes: int = Field(ge=int(RANGES["usable_bytes"][0]), le=int(RANGES["usable_bytes"][1]))
+    hbm_tb_s: float = _in("hbm_tb_s")
+    bf16_tflops: float = _in("tflops")
+    fp8_tflops: float | None = _in("tflops", default=None)
+    tf32_tflops: float = _in("tflops")
+    fp32_tflops: float | None = _in("tflops", default=None)
+    intra_node_gb_s: float = _in("gb_s")
+    inter_node_gb_s: float = _in("gb_s")
     gpus_per_node: int = Field(gt=0, le=1024)
-    default_mfu: float = Field(gt=0, le=1, allow_inf_nan=False, strict=True)
+    default_mfu: float = _in("mfu")
     mfu_curve: list[MfuPoint] = []
     overheads: Overheads = Overheads()
     default_provider: str
@@ -236,7 +266,26 @@ def _load_yaml_profile(text: str, origin: str, trusted: bool = False) -> Hardwar
     try:
         return HardwareProfile.model_validate(data)
     except ValidationError as e:
-        raise PlanError(origin, pydantic_one_line(e), "see hardware_profiles/H100-SXM.yaml") from None
+        raise PlanError(origin, _range_problem(e) or pydantic_one_line(e), "see hardware_profiles/H100-SXM.yaml") from None
+
+
+_RANGE_OF = {"memory_gb": "memory_gb", "usable_bytes": "usable_bytes", "hbm_tb_s": "hbm_tb_s", "mfu": "mfu",
+             "default_mfu": "mfu", "cuda_context_bytes": "overhead_bytes", "nccl_bytes": "overhead_bytes"}
+
+
+def _range_problem(e: ValidationError) -> str | None:
+    """"field 'F': V is outside the plausible range LO to HI UNIT" for a figure out of RANGES, else None."""
+    err = e.errors()[0]
+    loc = [str(x) for x in err.get("loc", ())]
+    if not loc or err.get("type") not in ("greater_than_equal", "less_than_equal", "greater_than", "less_than"):
+        return None
+    name = loc[-1]
+    kind = _RANGE_OF.get(name) or next((k for k in ("tflops", "gb_s") if name.endswith("_" + k)), None)
+    if kind is None:
+        return None
+    lo, hi, unit = RANGES[kind]
+    more = f" (+{len(e.errors()) - 1} more)" if len(e.errors()) > 1 else ""
+    return f"field '{'.'.join(loc)}': {err.get('input')!r} is outside the plausible range {lo:g} to {hi:g} {unit}{more}"
 
 
 def load_profile_file(path: str | Path) -> HardwareProfile:
@@ -343,6 +392,10 @@ def parse_gpu_spec(spec: str, profile: HardwareProfile | None = None, provider: 
         if not math.isfinite(price) or price < 0:
             raise PlanError(flag, f"must be a non-negative number of USD per {price_per}-hour, got {price}")
         per_gpu = price / per_node if price_per == "node" else price
+        try:
+            check_price(per_gpu)
+        except ValueError as e:
+            raise PlanError(flag, str(e), "give the price in USD, e.g. --price 2.5; 0 for your own machine") from None
         how = (f"{flag} on the command line (${price:g}/node-hour over {per_node} GPUs)" if price_per == "node"
                else f"{flag} on the command line")
         prov, usd, date, src = provider or "custom", per_gpu, "user", how

@@ -15,6 +15,14 @@ Checks before any rank indexes the embedding (each a one-line PlanError naming t
 a .bin whose size is not a whole number of tokens, or differs from meta.json's token count, and
 token ids >= meta.json's vocab_size (every token of a file up to FULL_CHECK_MAX_BYTES, sampled
 blocks above). `fingerprint` identifies a data file cheaply for the resume check (runner/train.py).
+
+Above FULL_CHECK_MAX_BYTES the ids outside the sampled blocks are checked as they are read: each
+training micro-batch (one max() over the tokens already in host memory) and, once, the whole
+validation set. A training batch holds only this rank's windows, so a bad id is not raised at once
+(the other ranks would wait in the step's collectives, then crash into torchrun restarts): the
+batch's bad ids are zeroed, so the step runs, and `problem` is set; the trainer shares it in the
+step's all-reduce and every rank raises `shared_problem()` (a PlanError naming the file and the
+token offset) together.
 """
 
 from __future__ import annotations
@@ -63,15 +71,29 @@ def fingerprint(path: str | Path) -> dict[str, object]:
             "method": "full" if len(blocks) == 1 else f"sampled:{SAMPLE_BLOCKS}x{SAMPLE_BLOCK_BYTES}"}
 
 
-def check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path) -> None:
-    """Every token id (sampled blocks for a large file) must be < vocab_size; PlanError naming the file."""
+def _bad_id(path: Path | str, token_id: int, index: int, vocab_size: int) -> PlanError:
+    return PlanError(str(path), f"holds token id {token_id:,} at token {index:,}, but the vocab has "
+                     f"{vocab_size:,} ids (meta.json); the embedding has no row for it", REDO)
+
+
+def check_token_ids(tokens: np.ndarray, vocab_size: int, path: Path, blocks: list[tuple[int, int]] | None = None) -> None:
+    """Every token id (sampled blocks for a large file, or the given (byte offset, length) blocks) must be
+    < vocab_size; PlanError naming the file and the token."""
     item = tokens.dtype.itemsize
-    for off, n in _blocks(len(tokens) * item):
+    for off, n in blocks if blocks is not None else _blocks(len(tokens) * item):
         chunk = np.asarray(tokens[off // item:(off + n) // item])
         if chunk.size and int(chunk.max()) >= vocab_size:
             i = off // item + int(np.argmax(chunk >= vocab_size))
-            raise PlanError(str(path), f"holds token id {int(tokens[i]):,} at token {i:,}, but the vocab has "
-                            f"{vocab_size:,} ids (meta.json); the embedding has no row for it", REDO)
+            raise _bad_id(path, int(tokens[i]), i, vocab_size)
+
+
+def _may_exceed(tokens: np.ndarray, vocab_size: int | None) -> bool:
+    """Whether a token of this dtype can be >= vocab_size at all (uint16 never is with a 65,536 vocab)."""
+    return vocab_size is not None and len(tokens) > 0 and int(np.iinfo(tokens.dtype).max) >= vocab_size
+
+
+def _path_of(tokens: np.ndarray, path: str | Path | None) -> str:
+    return str(path or getattr(tokens, "filename", None) or "the token file")
 
 
 def open_tokens(path: str | Path, dtype: str, expect_tokens: int | None = None) -> np.ndarray:
@@ -186,8 +208,12 @@ class TrainBatches:
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, grad_accum: int,
                  rank: int, world_size: int, seed: int, device: torch.device | str = "cpu",
-                 full_permutation_max: int = FULL_PERMUTATION_MAX) -> None:
+                 full_permutation_max: int = FULL_PERMUTATION_MAX, vocab_size: int | None = None,
+                 path: str | Path | None = None) -> None:
         self.tokens = tokens
+        self.vocab_size = vocab_size if _may_exceed(tokens, vocab_size) else None   # None: nothing to check
+        self.path = _path_of(tokens, path)
+        self.problem: tuple[int, int] | None = None    # (token id, token index) of the first bad id this rank read
         self.T, self.B, self.accum = seq_len, batch_size, grad_accum
         self.rank, self.world = rank, world_size
         self.device = torch.device(device)
@@ -211,9 +237,27 @@ class TrainBatches:
         return self.order.starts(self.sample_ids(step, micro))
 
     def numpy_batch(self, step: int, micro: int) -> np.ndarray:
-        """(B, T+1) tokens of one micro-batch."""
+        """(B, T+1) tokens of one micro-batch; ids >= the vocab are noted in `problem` and zeroed."""
         idx = self.window_starts(step, micro)[:, None] + self._offsets[None, :]
-        return np.asarray(self.tokens[idx])
+        arr = np.asarray(self.tokens[idx])
+        if self.vocab_size is not None and int(arr.max()) >= self.vocab_size:
+            bad = arr >= self.vocab_size
+            at = np.unravel_index(int(np.argmax(bad)), bad.shape)
+            self.problem = self.problem or (int(arr[at]), int(idx[at]))
+            arr = np.where(bad, 0, arr).astype(arr.dtype)   # the step still runs on every rank (see the docstring)
+        return arr
+
+    def shared_problem(self) -> PlanError:
+        """Collective, on every rank once a step's all-reduce said some rank read a bad id: the error of the
+        lowest rank that did (file and token offset)."""
+        import torch.distributed as dist
+
+        found: list[tuple[int, int] | None] = [self.problem]
+        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            found = [None] * dist.get_world_size()
+            dist.all_gather_object(found, self.problem)
+        token_id, index = next(p for p in found if p is not None)
+        return _bad_id(self.path, token_id, index, self.vocab_size or 0)
 
     def batch(self, step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
         buf = _to_device(self.numpy_batch(step, micro), self.device)
@@ -232,7 +276,8 @@ class ValBatches:
     """A fixed validation set: the first windows of val.bin, split evenly across ranks."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, rank: int, world_size: int,
-                 val_tokens: int = 0, device: torch.device | str = "cpu") -> None:
+                 val_tokens: int = 0, device: torch.device | str = "cpu", vocab_size: int | None = None,
+                 path: str | Path | None = None) -> None:
         self.tokens = tokens
         self.T, self.B = seq_len, batch_size
         self.device = torch.device(device)
@@ -243,6 +288,10 @@ class ValBatches:
         first = rank * per_rank_batches * batch_size
         self.windows = [first + i for i in range(per_rank_batches * batch_size)]
         self._offsets = np.arange(seq_len + 1, dtype=np.int64)
+        if self.enabled and _may_exceed(tokens, vocab_size):
+            # the whole validation set (every rank's windows: a prefix of val.bin), the same check on every rank
+            n = min(self.available, per_rank_batches * batch_size * world_size) * seq_len + 1
+            check_token_ids(tokens, int(vocab_size or 0), Path(_path_of(tokens, path)), [(0, n * tokens.dtype.itemsize)])
 
     @property
     def enabled(self) -> bool:

@@ -123,12 +123,12 @@ class _MetadataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
-def check_metadata(dcp_dir: Path) -> None:
-    """Refuse (one-line PlanError) a DCP directory whose .metadata is not plain DCP metadata."""
+def check_metadata(dcp_dir: Path) -> Any:
+    """The DCP directory's .metadata; a one-line PlanError when it is not plain DCP metadata."""
     path = dcp_dir / ".metadata"
     try:
         with open(path, "rb") as f:
-            _MetadataUnpickler(f).load()
+            return _MetadataUnpickler(f).load()
     except Exception as e:  # noqa: BLE001 - any failure to read an untrusted file is the same refusal
         why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
         raise PlanError(str(path), f"refused: it is not DCP checkpoint metadata ({why})",
@@ -136,13 +136,24 @@ def check_metadata(dcp_dir: Path) -> None:
 
 
 def load_shards(step_path: Path, model: nn.Module, optimizers: list[torch.optim.Optimizer]) -> None:
-    """Collective: load model and optimizer state from step_path/dcp (resharding as needed)."""
-    check_metadata(step_path / MODEL_DIR)
-    check_metadata(step_path / OPTIM_DIR)
+    """Collective: load model and optimizer state from step_path/dcp (resharding as needed).
+
+    Every tensor's global size and dtype in the .metadata is checked against the live state dict
+    first (runner/state_check.py), the same on every rank, so a crafted checkpoint is refused on
+    all of them (a PlanError naming the entry) before dcp.load reads anything."""
     import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+    from runner.state_check import dcp_problem
+
+    metas = {sub: check_metadata(step_path / sub) for sub in (MODEL_DIR, OPTIM_DIR)}
     msd, osd = get_state_dict(model, optimizers)
+    for sub, sd, what in ((MODEL_DIR, msd, "model"), (OPTIM_DIR, osd, "optimizer")):
+        if (why := dcp_problem(metas[sub], flatten_state_dict(sd)[0], what)) is not None:
+            raise PlanError(str(step_path / sub), why, f"it was not written by this plan's run, or was edited after; "
+                            f"move {step_path.name} out of {step_path.parent} to resume from an earlier "
+                            "checkpoint, or use another --run-dir")
     dcp.load(msd, checkpoint_id=step_path / MODEL_DIR)
     dcp.load(osd, checkpoint_id=step_path / OPTIM_DIR)
     set_state_dict(model, optimizers, model_state_dict=msd, optim_state_dict=osd)
@@ -154,8 +165,14 @@ def export_model_file(step_path: Path, out: Path) -> dict[str, torch.Tensor]:
     DCP checkpoints are consolidated with ``dcp_to_torch_save`` in this process (it needs host
     memory for the whole model); a DDP/zero1 checkpoint's model.pt is already one. Returns the
     state dict (loaded back with weights_only=True, as a user would).
+
+    Every read is weights-only (runner/torch_files.load_torch): a model.pt that holds pickled objects
+    is a one-line PlanError that never suggests loading it unsafely.
     """
+    from torch.distributed.checkpoint.api import CheckpointException
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from runner.torch_files import load_torch
 
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
@@ -163,11 +180,18 @@ def export_model_file(step_path: Path, out: Path) -> dict[str, torch.Tensor]:
     try:
         if has_shards(step_path):
             check_metadata(step_path / MODEL_DIR)
-            dcp_to_torch_save(step_path / MODEL_DIR, tmp)
+            try:
+                dcp_to_torch_save(step_path / MODEL_DIR, tmp)
+            except (Exception, CheckpointException) as e:  # noqa: BLE001 - an untrusted checkpoint: one line
+                why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                raise PlanError(str(step_path / MODEL_DIR), f"cannot be consolidated ({why})",
+                                "export another --step") from None
         else:
-            sd = torch.load(step_path / "model.pt", map_location="cpu", weights_only=True)
+            sd = load_torch(step_path / "model.pt")
+            if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
+                raise PlanError(str(step_path / "model.pt"), "is not a state dict of tensors", "export another --step")
             torch.save(sd, tmp)
-        sd = torch.load(tmp, map_location="cpu", weights_only=True)
+        sd = load_torch(Path(tmp))
         with open(tmp, "rb") as f:
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)

@@ -129,13 +129,17 @@ class Parallel:
                             "ZeroRedundancyOptimizer reads model.pt + optim_rank0.pt",
                             "resume with the plan that wrote it, or start in another --run-dir")
 
-    def load_model(self, ckdir: Path, device: torch.device) -> None:
-        """model.pt into the model (ddp, zero1); DCP checkpoints load in load_optimizer, with the optimizer."""
+    def load_model(self, ckdir: Path, device: torch.device, check: Callable[[Any], None] | None = None) -> None:
+        """model.pt into the model (ddp, zero1), after `check` (which raises) has seen it; DCP checkpoints
+        load in load_optimizer, with the optimizer."""
         from runner.dcp import has_shards
         from runner.torch_files import load_torch
 
         if not has_shards(ckdir):
-            self.raw.load_state_dict(load_torch(ckdir / "model.pt", device))
+            state = load_torch(ckdir / "model.pt", device)
+            if check is not None:
+                check(state)
+            self.raw.load_state_dict(state)
 
     def load_optimizer(self, ckdir: Path, ostate: dict[str, Any]) -> None:
         """The optimizer state: optim_rank0.pt's (ddp, zero1), or model and optimizer from DCP shards."""

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from planner.errors import PlanError
+from planner.errors import PlanError, echo
 from planner.plan import Plan
 from runner import ledger
 from runner.checkpoint import set_rng_state
@@ -27,9 +27,15 @@ from runner.data import fingerprint_change
 from runner.elastic import launch_job, restart_count
 from runner.metrics import read_metrics, read_run_info
 from runner.parallel import Parallel
+from runner.state_check import model_problem, optimizer_problem
 from runner.torch_files import load_torch
 
 NOT_OURS = "it is not this plan's checkpoint; use another --run-dir"
+
+
+def _crafted(ckdir: Path) -> str:
+    return (f"it was not written by this plan's run, or was edited after; move {ckdir.name} out of "
+            f"{ckdir.parent} to resume from an earlier checkpoint, or use another --run-dir")
 
 
 def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float, float]:
@@ -128,36 +134,77 @@ def decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: bo
 
 
 def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return (text.splitlines()[0] if text else type(e).__name__)[:200]
+    """The first line of an error that says something (torch's "Error(s) in loading ...:" heads a list)."""
+    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+    text = " ".join(lines[:2]) if lines and lines[0].endswith(":") else (lines[0] if lines else type(e).__name__)
+    return text[:400]
 
 
 def restore_model(par: Parallel, ckdir: Path, device: torch.device) -> None:
-    """The checkpoint's model weights into `par` (before its LR schedulers exist); a PlanError when they do not fit."""
+    """The checkpoint's model weights into `par` (before its LR schedulers exist); a PlanError when they do not fit.
+    Every tensor's name, shape and dtype is checked against the live model before any is loaded."""
     par.check_format(ckdir)
+    live = par.raw.state_dict()
+
+    def check(state: Any) -> None:
+        if (why := model_problem(state, live)) is not None:
+            raise PlanError(str(ckdir / "model.pt"), why, _crafted(ckdir))
+
     try:
-        par.load_model(ckdir, device)
+        par.load_model(ckdir, device, check)
     except PlanError:
-        raise                    # refused by torch.load(weights_only=True): it says so itself
+        raise                    # refused by the checks, or by torch.load(weights_only=True): it says so itself
     except (RuntimeError, KeyError, TypeError, ValueError) as e:
         raise PlanError(str(ckdir / "model.pt"), f"does not fit this plan's model ({_first_line(e)})",
                         NOT_OURS) from None
 
 
+def _scheduler_problem(saved: Any, scheds: list[Any]) -> str | None:
+    """The LR schedulers' saved state against the live ones (LambdaLR.load_state_dict sets every key as an
+    attribute): one dict each, no key the live one lacks, values of the same kind, lists of the same length."""
+    if not isinstance(saved, list) or len(saved) != len(scheds):
+        n = len(saved) if isinstance(saved, list) else "no list of"
+        return f"holds {n} LR scheduler state(s), this run has {len(scheds)}"
+    for i, (st, s) in enumerate(zip(saved, scheds, strict=True)):
+        live = s.state_dict()
+        if not isinstance(st, dict):
+            return f"schedulers[{i}] is a {type(st).__name__}, not the state of an LR scheduler"
+        if extra := [k for k in st if k not in live]:
+            return f"schedulers[{i}] holds {echo(extra[0], 80)}, which this run's {type(s).__name__} does not keep"
+        for k, v in ((k, v) for k, v in live.items() if k in st and v is not None):
+            got = st[k]
+            if isinstance(v, list):
+                num = all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v)
+                if not isinstance(got, list) or len(got) != len(v) or (num and not all(
+                        isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) for x in got)):
+                    return f"schedulers[{i}].{k} is {echo(got, 80)}, not {len(v)} number(s) like this run's"
+            elif not isinstance(got, type(v)) or isinstance(got, bool) != isinstance(v, bool):
+                return f"schedulers[{i}].{k} is a {type(got).__name__}, not a {type(v).__name__}"
+    return None
+
+
 def restore_training_state(par: Parallel, scheds: list[Any], ckdir: Path, rank: int, device: torch.device) -> None:
-    """The checkpoint's optimizer and LR-scheduler state, and this rank's RNG state; a PlanError when they do not fit."""
-    ostate = load_torch(ckdir / "optim_rank0.pt", device)
+    """The checkpoint's optimizer and LR-scheduler state, and this rank's RNG state; a PlanError when they do not fit.
+    optim_rank0.pt's tensors are checked against the live optimizer before any is loaded (runner/state_check.py);
+    a DCP checkpoint's, in runner/dcp.py."""
+    optim = ckdir / "optim_rank0.pt"
+    ostate = load_torch(optim, device)
+    if not isinstance(ostate, dict):
+        raise PlanError(str(optim), f"holds a {type(ostate).__name__}, not a dict", NOT_OURS)
+    if not par.sharded_checkpoint:
+        names = {id(p): n for n, p in par.raw.named_parameters()}
+        if (why := optimizer_problem(ostate.get("optimizer"), par.opt.optimizers, names)) is not None:
+            raise PlanError(str(optim), why, _crafted(ckdir))
+    if (why := _scheduler_problem(ostate.get("schedulers"), scheds)) is not None:
+        raise PlanError(str(optim), why, _crafted(ckdir))
     try:
-        if not isinstance(ostate, dict):
-            raise TypeError(f"it holds a {type(ostate).__name__}, not a dict")
         par.load_optimizer(ckdir, ostate)
         for s, st in zip(scheds, ostate["schedulers"], strict=True):
             s.load_state_dict(st)
     except PlanError:
-        raise                    # a refused DCP .metadata (runner/dcp.py)
+        raise                    # a refused DCP .metadata or tensor (runner/dcp.py)
     except (RuntimeError, KeyError, TypeError, ValueError, IndexError) as e:
-        raise PlanError(str(ckdir / "optim_rank0.pt"), f"does not fit this plan's optimizer ({_first_line(e)})",
-                        NOT_OURS) from None
+        raise PlanError(str(optim), f"does not fit this plan's optimizer ({_first_line(e)})", NOT_OURS) from None
     rng = ckdir / f"rng_rank{rank}.pt"
     if rng.exists():
         try:

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from runner.checkpoint_layout import complete_steps
+from runner.checkpoint_layout import complete_steps, step_dir
 from runner.launcher import ENV_STATUS, io_problem
 from runner.metrics import STOP, write_json
 
@@ -24,9 +24,17 @@ def exit_code(reason: str | None) -> int:
     return {"nan": EXIT_NAN, "write_error": EXIT_WRITE}.get(str(reason), EXIT_OK)
 
 
-def stop_error(reason: str | None, step: int, write_error: str | None, run_dir: Path) -> str | None:
-    """The one-line error of a run that stopped for `reason`, with its fix; None for a clean stop."""
+def stop_error(reason: str | None, step: int, write_error: str | None, run_dir: Path,
+               resumed_from: int | None = None) -> str | None:
+    """The one-line error of a run that stopped for `reason`, with its fix; None for a clean stop.
+    `resumed_from`: the checkpoint step this launch resumed from (its state may be what is poisoned)."""
     if reason == "nan":
+        if resumed_from is not None:
+            ck = step_dir(run_dir, resumed_from)
+            return (f"the loss is not finite at step {step}; stopped without a checkpoint. This launch resumed from "
+                    f"{ck}: its model or optimizer state may be poisoned (move it and any later step_* dirs out of "
+                    f"{ck.parent} to resume from an earlier checkpoint); else lower request.hyper.lr in the plan, "
+                    "or check the data")
         return ("the loss is not finite; stopped without a checkpoint "
                 "(lower request.hyper.lr in the plan, or check the data)")
     if reason == "write_error":

@@ -99,6 +99,27 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+# torch's own advice on a refused file: load it with weights_only=False, or allowlist its globals. Neither is
+# safe for a file of unknown origin, so no line that gives it is quoted back.
+_UNSAFE_ADVICE = ("weights_only", "safe_globals", "add_safe_globals", "trusted source", "trust the source")
+_BOILER = ("Weights only load failed", "Please file an issue", "Check the documentation", "(1)", "(2)")
+
+
+def refusal_reason(e: BaseException) -> str:
+    """What torch.load(weights_only=True) said about a file it refused, without its advice to load it unsafely:
+    the WeightsUnpickler's finding (up to its first sentence) or the first plain line; at most 200 characters."""
+    text = str(e)
+    after = text.split("WeightsUnpickler error:", 1)[1] if "WeightsUnpickler error:" in text else ""
+    found = [x.strip() for x in after.splitlines() if x.strip()]
+    plain = [x.strip() for x in text.splitlines() if x.strip() and not x.strip().startswith(_BOILER)]
+    why = (found or plain or [""])[0]
+    for stop in (" was not an allowed global", ". Please", ". Re-running", ". To load", ". Do it only"):
+        why = why.split(stop, 1)[0]
+    if any(a in why.lower() for a in _UNSAFE_ADVICE):
+        why = ""
+    return why.strip()[:200]
+
+
 def load_torch(path: Path, map_location: Any = "cpu") -> Any:
     """torch.load(weights_only=True): tensors and plain containers only, never a pickled object.
 
@@ -115,9 +136,7 @@ def load_torch(path: Path, map_location: Any = "cpu") -> Any:
             warnings.simplefilter("ignore")       # e.g. "Detected pickle protocol 4" on foreign files
             return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure to load an untrusted file is the same refusal
-        boiler = ("Weights only load failed", "Please file an issue", "Check the documentation")
-        lines = [x.split("WeightsUnpickler error:")[-1].strip() for x in str(e).splitlines()]
-        why = next((x for x in lines if x and not x.startswith(boiler)), "")[:200]
+        why = refusal_reason(e)
         if not isinstance(e, (pickle.UnpicklingError, OSError)):
             why = f"{type(e).__name__}: {why}" if why else type(e).__name__
         payload = isinstance(e, pickle.UnpicklingError) and "global" in str(e).lower()   # a class or function

@@ -76,6 +76,7 @@ class StepSync(NamedTuple):
     got_signal: float
     projected: float        # the step count the deadline projects (exact in float64)
     write_failed: float
+    bad_data: float         # some rank read a token id outside the vocab (runner/data.py)
 
 
 def _now() -> str:
@@ -142,10 +143,11 @@ class Trainer:
         plan, d, hyper, tr = self.plan, self.d, self.hyper, self.plan.training
         self.data_dir = resolve_data_dir(plan, self.args.data, self.args.plan)
         check_data(plan, self.data_dir)
-        _, train_tok, val_tok = load_data(self.data_dir)
+        meta, train_tok, val_tok = load_data(self.data_dir)
         self.train = TrainBatches(train_tok, tr.seq_len, tr.device_batch_size, self.accum, d.rank, d.world_size,
-                                  hyper.seed, d.device)
-        self.val = ValBatches(val_tok, tr.seq_len, tr.device_batch_size, d.rank, d.world_size, hyper.val_tokens, d.device)
+                                  hyper.seed, d.device, vocab_size=meta.vocab_size, path=self.data_dir / "train.bin")
+        self.val = ValBatches(val_tok, tr.seq_len, tr.device_batch_size, d.rank, d.world_size, hyper.val_tokens, d.device,
+                              vocab_size=meta.vocab_size, path=self.data_dir / "val.bin")
         self.val_every = hyper.val_every_steps if self.val.enabled else 0
         if hyper.val_every_steps and not self.val.enabled:
             self.log(f"warning: {self.data_dir}/val.bin is too small for one window; validation is off")
@@ -313,12 +315,16 @@ class Trainer:
             want_stop = float(self.guard.should_stop(self.clock.budget(), checkpoint_due=bool(want_ckpt),
                                                      eval_due=eval_due))
         flags = torch.tensor([want_ckpt, want_stop, float(self.signals.count > 0), projected,
-                              float(self.pending_write is not None)], dtype=torch.float64)
+                              float(self.pending_write is not None), float(self.train.problem is not None)],
+                             dtype=torch.float64)
         vec = torch.cat([loss.detach().double().reshape(1), gnorm.detach().double().reshape(1).to(loss.device),
                          flags.to(loss.device)])   # float64: the projected step is exact
         if self.d.on:
             dist.all_reduce(vec)
-        return StepSync(*vec.tolist())
+        sync = StepSync(*vec.tolist())
+        if sync.bad_data:
+            raise self.train.shared_problem()    # on every rank at once: exit 2, no torchrun restart
+        return sync
 
     def _next_lr(self, step: int, projected: int) -> None:
         """The LR of the next step, on the (re)projected schedule."""
@@ -482,7 +488,7 @@ class Trainer:
             reason = "write_error"      # rank 0 only (a write after the last all-reduce): its exit code counts
         total_h = self.total_s() / 3600.0
         code = exit_code(reason)
-        self.error = stop_error(reason, step, self.write_error, self.run_dir)
+        self.error = stop_error(reason, step, self.write_error, self.run_dir, self.start_step if self.resume_meta else None)
         summary = stop_summary(self.plan, steps=step, tokens=step * self.tokens_per_step, hours=total_h,
                                usd=total_h * self.usd_per_hour, loss=self.last_loss,
                                val_loss=self.last_val[1] if self.last_val else None)

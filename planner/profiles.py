@@ -33,6 +33,8 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "mfu": (0.001, 1, "fraction of peak"),         # below 0.1% a run is broken, not slow; above 1 is impossible
     "usd_per_gpu_hour": (0.01, 1e4, "$/GPU-hour"),  # a cent to $10k per GPU-hour (H100s rent for $2-$12); 0 = own machine
     "overhead_bytes": (0, 2**36, "bytes"),         # CUDA context / NCCL buffers: none to 64 GiB
+    "mtbi_hours": (0.1, 1e5, "hours"),             # 6 min (a run would never finish) to ~11 years between interruptions
+    "storage_gb_s": (0.01, 1e4, "GB/s"),           # a slow bucket mount (10 MB/s) to 10 TB/s of parallel filesystem
 }
 
 
@@ -54,15 +56,11 @@ Price_ = Annotated[float, AfterValidator(check_price)]    # $/GPU-hour: 0, or in
 Pos = Field(gt=0, allow_inf_nan=False, strict=True)
 # Upper bounds far beyond any real device: absurd figures give a one-line error, not an overflow.
 MAX_BYTES = 10**15                       # 1 PB per GPU
-MAX_TFLOPS = 1e6                         # 1 EFLOP/s per GPU
-MAX_GB_S = 1e6                           # 1 PB/s per link
 # Checkpoint storage of a node when the profile gives none (storage_gb_s): the figure planner/export.py already
 # assumes for a shared filesystem or bucket mount.
 DEFAULT_STORAGE_GB_S = 1.0
 DEFAULT_STORAGE_SOURCE = ("assumption: 1 GB/s to a shared filesystem or bucket mount (planner/export.py "
                           "CHECKPOINT_WRITE_BYTES_PER_S); set storage_gb_s in the profile")
-Tflops = Field(gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
-GbS = Field(gt=0, le=MAX_GB_S, allow_inf_nan=False, strict=True)
 
 
 class SpotPrice(BaseModel):
@@ -73,10 +71,10 @@ class SpotPrice(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    usd_per_gpu_hour: float = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
+    usd_per_gpu_hour: Price_ = Field(ge=0, le=1e4, allow_inf_nan=False, strict=True)
     date: str = Field(min_length=4)
     source: str = Field(min_length=3)
-    mtbi_hours: float = Field(gt=0, le=1e6, allow_inf_nan=False, strict=True)
+    mtbi_hours: float = _in("mtbi_hours")
     mtbi_source: str = Field(min_length=3)
 
 
@@ -130,7 +128,7 @@ class HardwareProfile(BaseModel):
     overheads: Overheads = Overheads()
     default_provider: str
     prices: list[Price] = Field(min_length=1)
-    storage_gb_s: float | None = Field(default=None, gt=0, le=MAX_GB_S, allow_inf_nan=False, strict=True)  # checkpoints
+    storage_gb_s: float | None = _in("storage_gb_s", default=None)  # checkpoints
     sources: dict[str, str]
 
     @model_validator(mode="after")
@@ -270,7 +268,8 @@ def _load_yaml_profile(text: str, origin: str, trusted: bool = False) -> Hardwar
 
 
 _RANGE_OF = {"memory_gb": "memory_gb", "usable_bytes": "usable_bytes", "hbm_tb_s": "hbm_tb_s", "mfu": "mfu",
-             "default_mfu": "mfu", "cuda_context_bytes": "overhead_bytes", "nccl_bytes": "overhead_bytes"}
+             "default_mfu": "mfu", "cuda_context_bytes": "overhead_bytes", "nccl_bytes": "overhead_bytes",
+             "mtbi_hours": "mtbi_hours", "storage_gb_s": "storage_gb_s"}
 
 
 def _range_problem(e: ValidationError) -> str | None:

@@ -464,3 +464,17 @@ def test_a_nan_loss_after_a_resume_names_the_checkpoint(run_copy: tuple[Path, Pa
         f"error: the loss is not finite at step 3; stopped without a checkpoint. This launch resumed from {step}: its "
         f"model or optimizer state may be poisoned (move it and any later step_* dirs out of {step.parent} to resume "
         "from an earlier checkpoint); else lower request.hyper.lr in the plan, or check the data"]
+
+
+@pytest.mark.parametrize("old,new,says", [
+    ("mtbi_hours: 6\n", "mtbi_hours: 1.0e-9\n", "field 'prices.5.spot.mtbi_hours': 1e-09 is outside the plausible range "
+     "0.1 to 100000 hours"),
+    ("      usd_per_gpu_hour: 6.57", "      usd_per_gpu_hour: 5.0e-324", "field 'prices.5.spot.usd_per_gpu_hour': 5e-324 "
+     "is outside the plausible range: 0 (your own machine) or 0.01 to 10000 $/GPU-hour"),
+])
+def test_spot_figures_outside_their_range_name_the_field(tmp_path: Path, old: str, new: str, says: str) -> None:
+    assert old in PROFILE
+    (tmp_path / "p.yaml").write_text(PROFILE.replace(old, new))
+    code, _, err = nanoplan_in_process("estimate", "--profile", "p.yaml", "--gpu", "8xH100-SXM", "--depth", "12",
+                                       "--hours", "2", cwd=tmp_path)
+    assert code == 2 and f"error: p.yaml: {says}" in as_one_line(err), err

@@ -25,6 +25,8 @@ from planner.spec import ModelSpec
 Precision = Literal["bf16-autocast", "bf16", "fp32"]
 Optimizer = Literal["adamw", "muon"]
 Strategy = Literal["ddp", "zero1", "zero2", "fsdp"]
+AcPolicy = Literal["full", "selective-op"]
+ReduceDtype = Literal["fp32", "bf16"]
 STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "fsdp")
 
 F32 = 4          # fp32 bytes: losses, rstd/mean statistics, autocast's fp32 ops
@@ -45,6 +47,13 @@ class StepConfig:
     activation_checkpointing: bool = False
     loss_chunk_tokens: int = 0
     compile: bool = False       # torch.compile: planner.memory_compiled's model of the compiled step
+    # with activation_checkpointing: what a checkpointed block keeps. "full": its input only, the forward is re-run;
+    # "selective-op": torchtitan's op-level policy (torch.utils.checkpoint with a policy): the outputs of every
+    # other matmul and of attention are saved, the rest is recomputed (planner.checkpointing).
+    ac_policy: AcPolicy = "full"
+    ac_every: int = 1           # checkpoint every k-th block (1: every block; torchtitan's selective "layer" is 2)
+    fp8: bool = False           # FP8 matmuls in the blocks' linears (torchao Float8Linear); modelled, not run
+    reduce_dtype: ReduceDtype | None = None   # dtype gradients are reduced in; None: the weight dtype (the runner)
 
 
 @dataclass

@@ -56,6 +56,25 @@ class Overheads(BaseModel):
     source: str = "assumption: typical CUDA 12 context and NCCL buffers; calibrate with nanoplan calibrate"
 
 
+class Speed(BaseModel):
+    """What the step-time model (planner/throughput.py) reads of a GPU beyond its datasheet: the dense matmul
+    rate torch really reaches on it. Without this section a profile uses the flat `default_mfu`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    architecture: Literal["ampere", "ada", "hopper", "blackwell"]   # NVIDIA generation (speed_constants by it)
+    matmul_tflops: float = Tflops                    # TFLOP/s: achievable dense bf16 GEMM (best shape)
+    fp8_matmul_tflops: float | None = Field(default=None, gt=0, le=MAX_TFLOPS, allow_inf_nan=False, strict=True)
+    source: str = Field(min_length=3)
+    attention_tflops: float = Tflops                 # TFLOP/s: flash attention forward + backward, causal, bf16
+    attention_source: str = Field(min_length=3)
+
+    def scaled(self, t: int) -> Speed:
+        """t GPUs taken as one device (used only to approximate tensor parallelism in benchmarks)."""
+        return self.model_copy(update={
+            "matmul_tflops": self.matmul_tflops * t, "attention_tflops": self.attention_tflops * t,
+            "fp8_matmul_tflops": self.fp8_matmul_tflops * t if self.fp8_matmul_tflops else None})
+
+
 class HardwareProfile(BaseModel):
     """One GPU type. Units are in the field names; `sources` names the source of each figure."""
 
@@ -76,6 +95,7 @@ class HardwareProfile(BaseModel):
     gpus_per_node: int = Field(gt=0, le=1024)
     default_mfu: float = Field(gt=0, le=1, allow_inf_nan=False, strict=True)
     mfu_curve: list[MfuPoint] = []
+    speed: Speed | None = None
     overheads: Overheads = Overheads()
     default_provider: str
     prices: list[Price] = Field(min_length=1)

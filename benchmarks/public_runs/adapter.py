@@ -81,13 +81,25 @@ def tp_merged(prof: HardwareProfile, t: int) -> HardwareProfile:
     return HardwareProfile.model_validate({**prof.model_dump(), **upd})
 
 
+def gpu_variant(r: PublicRun, prof: HardwareProfile) -> HardwareProfile:
+    """The row's GPU where it differs from the profile in a way the row states: torchtitan's Grand Teton H100s are
+    96 GB HBM2e parts at 2.4 TB/s (gpu_detail); their usable memory is taken as the 80 GB part's × 96/80."""
+    detail = r.gpu_detail or ""
+    if r.gpu == "H100-SXM" and "96GB HBM2e (2.4 TB/s)" in detail:
+        return HardwareProfile.model_validate({**prof.model_dump(), "name": "H100-SXM-96GB", "aliases": [],
+                                               "memory_gb": 96.0, "hbm_tb_s": 2.4,
+                                               "usable_bytes": prof.usable_bytes * 96 // 80})
+    return prof
+
+
 def hardware_of(r: PublicRun) -> Hardware:
-    prof = find_profile(r.gpu)
+    prof = gpu_variant(r, find_profile(r.gpu))
     t = r.tp_degree
     if t > 1:
         prof = tp_merged(prof, t)
         return parse_gpu_spec(f"{r.nodes}x{r.gpus_per_node // t}x{prof.name}", profile=prof)
-    return parse_gpu_spec(f"{r.nodes}x{r.gpus_per_node}x{r.gpu}" if r.nodes > 1 else f"{r.gpus_per_node}x{r.gpu}")
+    spec = f"{r.nodes}x{r.gpus_per_node}x{prof.name}" if r.nodes > 1 else f"{r.gpus_per_node}x{prof.name}"
+    return parse_gpu_spec(spec, profile=prof)
 
 
 def reduce_dtype(r: PublicRun) -> str | None:
@@ -189,6 +201,14 @@ class Prediction:
         if self.row.outcome == "ran":
             return self.verdict != "does not fit"
         return self.verdict != "fits"
+
+
+def predicted_tokens_per_s(r: PublicRun, k: object | None = None) -> float:
+    """The planner's tokens/s for a row (whole job), with speed constants `k` (planner.speed_constants)."""
+    from planner.throughput import estimate_throughput
+    inp = inputs(r)
+    return estimate_throughput(inp.cfg, inp.hw, k=k).tokens_per_sec if k is not None else \
+        estimate_throughput(inp.cfg, inp.hw).tokens_per_sec
 
 
 def predict(r: PublicRun, *, baseline: bool = False) -> Prediction:

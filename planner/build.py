@@ -7,6 +7,7 @@ import math
 from planner import __version__
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
+from planner.fit_verdict import verdict_for
 from planner.launch import torchrun_command
 from planner.memory import estimate
 from planner.memory_terms import MemoryEstimate, StepConfig, residual_bytes
@@ -92,7 +93,10 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
               n: int) -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
-    if not fit:
+    v = verdict_for(mem.allocated_peak, hw, req.headroom)
+    if v.verdict == "tight":
+        out.append(f"tight: {v.reason}; {v.advice}")
+    elif not fit:
         out.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(cap)} usable after "
                    f"{req.headroom:.0%} headroom; try a smaller device batch, --activation-checkpointing, "
                    "or --strategy zero1/zero2/fsdp")
@@ -187,7 +191,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
         memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
                           usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
                           peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,
-                          phases=mem.phases),
+                          phases=mem.phases, verdict=verdict_for(mem.allocated_peak, hw, req.headroom).verdict),
         throughput=ThroughputPlan(mfu=tp.mfu, effective_mfu=min(1.0, eff_mfu), peak_flops_per_gpu=tp.peak_flops_per_gpu,
                                   tokens_per_sec=tp.tokens_per_sec, step_seconds=tp.step_seconds,
                                   compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from planner.errors import DuplicateKeyError, PlanError, echo, find_control, pydantic_one_line, strict_json_loads
+from planner.fit_verdict import DEFAULT_HEADROOM, Verdict
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.memory_terms import Optimizer, Precision, Strategy
 from planner.profiles import HardwareProfile
@@ -97,7 +98,7 @@ class PlanRequest(_Strict):
     data_dir: str | None = None
     checkpoint_every_minutes: float = Field(default=60.0, gt=0, le=1e6, **Finite)
     keep_last: int = Field(default=3, ge=1, le=1000)
-    headroom: float = Field(default=0.05, ge=0, lt=1, **Finite)
+    headroom: float = Field(default=DEFAULT_HEADROOM, ge=0, lt=1, **Finite)   # planner.fit_verdict
     mfu: float | None = Field(default=None, gt=0, le=1, **Finite)
     run_dir: str = "runs/latest"
     hyper: Hyper = Hyper()
@@ -152,11 +153,14 @@ class MemoryPlan(_Strict):
     capacity_bytes: int = Field(gt=0)
     usable_bytes: int = Field(gt=0)
     headroom: float = Field(ge=0, lt=1, **Finite)
-    fits: bool
+    fits: bool                      # the allocated peak plus fragmentation within capacity (verdict "fits")
     peak_phase: str
     breakdown: dict[str, NonNegInt]
     overhead: dict[str, NonNegInt]
     phases: dict[str, NonNegInt]
+    # fits / tight (may run out of memory through fragmentation) / does not fit (planner.fit_verdict);
+    # None: a plan written before the verdict was recorded
+    verdict: Verdict | None = None
 
 
 class ThroughputPlan(_Strict):

@@ -46,14 +46,21 @@ class MfuPoint(BaseModel):
     mfu: float = Field(gt=0, le=1, allow_inf_nan=False, strict=True)
 
 
+FRAGMENTATION = 0.0996   # of the allocated peak: mean + 2 sd of max_memory_reserved / the planner's allocated
+                         # peak - 1 over the public calibration rows that publish it (benchmarks/fit_memory.py),
+                         # fitted on benchmarks/public_runs calibration set, 2026-11-25
+
+
 class Overheads(BaseModel):
-    """Fixed memory overheads per GPU. Defaults are assumptions until calibrated on a GPU."""
+    """Memory overheads per GPU beyond the allocated peak (planner/fit_verdict.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     cuda_context_bytes: int = Field(default=536_870_912, ge=0, le=MAX_BYTES)   # 512 MiB: assumption
     nccl_bytes: int = Field(default=268_435_456, ge=0, le=MAX_BYTES)           # 256 MiB with >1 GPU: assumption
-    fragmentation: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False, strict=True)  # of the peak: assumption
-    source: str = "assumption: typical CUDA 12 context and NCCL buffers; calibrate with nanoplan calibrate"
+    fragmentation: float = Field(default=FRAGMENTATION, ge=0, le=1, allow_inf_nan=False, strict=True)  # of the peak
+    source: str = ("fragmentation fitted on benchmarks/public_runs calibration set, 2026-11-25 (benchmarks/fit_memory.py: "
+                   "public max_memory_reserved against the allocated peak); CUDA context and NCCL buffers: assumption "
+                   "(typical CUDA 12); calibrate with nanoplan calibrate")
 
 
 class Speed(BaseModel):

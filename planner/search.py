@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 from planner.build import batch_choices, build_plan, memory_of
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params
 from planner.errors import PlanError
+from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, allocated_peak, estimate
 from planner.memory_eager import layer_activation_bytes
 from planner.memory_terms import STRATEGIES, Optimizer, Precision, StepConfig, precision_bytes
@@ -103,7 +104,7 @@ class Settings:
     precision: Precision = "bf16-autocast"
     optimizer: Optimizer = "adamw"
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
-    headroom: float = 0.05
+    headroom: float = DEFAULT_HEADROOM
     mfu: float | None = None
     dataset_tokens: int | None = None
     max_epochs: float | None = FRESH_EPOCHS   # with a dataset: never plan more epochs than this
@@ -966,7 +967,7 @@ def runners_up_table(result: SearchResult, top: int, width: int | None = None) -
 def settings_from(base: dict[str, Any]) -> Settings:
     return Settings(total_batch_tokens=base.get("total_batch_tokens", 524_288),
                     precision=base.get("precision", "bf16-autocast"), optimizer=base.get("optimizer", "adamw"),
-                    loss_chunk_tokens=base.get("loss_chunk_tokens", DEFAULT_LOSS_CHUNK_TOKENS), headroom=base.get("headroom", 0.05),
+                    loss_chunk_tokens=base.get("loss_chunk_tokens", DEFAULT_LOSS_CHUNK_TOKENS), headroom=base.get("headroom", DEFAULT_HEADROOM),
                     mfu=base.get("mfu"), dataset_tokens=base.get("dataset_tokens"),
                     max_epochs=base.get("max_epochs") or FRESH_EPOCHS, compile=base.get("compile"))
 

@@ -168,7 +168,7 @@ def test_calibrate_writes_profile_and_estimate_uses_it(tmp_path: Path) -> None:
     assert prof.intra_node_gb_s == pytest.approx(5.0 * t2["comm"] / comm, rel=1e-5)
 
     # assumptions stay assumptions and say so; calibrated figures name runs, device and date
-    base = find_profile("CPU")
+    base = load_plan(FIX / RUNS[0] / "plan.json").request.profile      # the profile the runs were planned on
     assert prof.overheads.fragmentation == base.overheads.fragmentation
     assert "assumption" in prof.overheads.source and "no CUDA memory" in prof.overheads.source
     for key in ("default_mfu", "mfu_curve", "intra_node_gb_s"):

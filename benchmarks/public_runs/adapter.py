@@ -11,7 +11,12 @@ Mapping (README.md in this folder has the sources of each row):
   (rotary, ReLU², QK-norm, weightless RMSNorm, no bias) with the row's heads, width, vocabulary and tied head;
   `mpt` -> GPT-2 style (LayerNorm with bias, GELU, learned positions, biases, tied): the count matches llm-foundry's
   printed NumParams exactly; `llama` -> planner.spec.llama with the row's FFN width and vocabulary.
-- Every trainer computes the loss over the full logits: loss_chunk_tokens = 0.
+- The loss, by what each trainer runs (`mem_cfg` for the memory, `cfg` for the speed): torchtitan computes cross-entropy on the full fp32 logits
+  (`cross_entropy(pred.flatten(0, 1).float(), ...)`), as the runner's unchunked loss does: loss_chunk_tokens = 0.
+  nanochat and modded-nanogpt compile the softcap and cross-entropy into fused kernels, and llm-foundry's MPT
+  configs use a fused cross-entropy (`loss_fn: fused_crossentropy`): none of them materialises fp32 logit-sized
+  copies, so their memory is the runner's chunked loss's (planner.memory.DEFAULT_LOSS_CHUNK_TOKENS, the runner's
+  own way not to), and their speed the unchunked loss's (a fused loss re-runs no head matmul).
 - Optimizer: `muon+adamw` -> muon, anything else -> adamw. Precision: bf16 autocast over fp32 master weights (all
   these trainers keep fp32 master weights, FSDP's PURE mode included); FP8 rows set StepConfig.fp8.
 - Gradients are reduced in the row's `grad_reduce_dtype` (llm-foundry: fp32 for DEFAULT mixed precision, bf16
@@ -22,11 +27,11 @@ Mapping (README.md in this folder has the sources of each row):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from benchmarks.public_runs.schema import PublicRun
 from planner.counts import flops_per_token
-from planner.memory import estimate
+from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, estimate
 from planner.memory_terms import StepConfig
 from planner.profiles import Hardware, HardwareProfile, find_profile, parse_gpu_spec
 from planner.spec import ModelSpec, llama, nanochat
@@ -38,7 +43,8 @@ class RowInputs:
 
     spec: ModelSpec
     hw: Hardware
-    cfg: StepConfig
+    cfg: StepConfig                  # for the speed
+    mem_cfg: StepConfig              # for the memory (the loss as the trainer holds it)
     notes: tuple[str, ...] = ()
 
 
@@ -148,9 +154,12 @@ def inputs(r: PublicRun, *, baseline: bool = False) -> RowInputs:
     cfg = StepConfig(spec=spec, device_batch_size=r.micro_batch_per_gpu, grad_accum_steps=grad_accum(r),
                      dp=r.dp_degree, precision="bf16-autocast",
                      optimizer="muon" if r.optimizer.startswith("muon") else "adamw",
-                     strategy=strategy, activation_checkpointing=full, loss_chunk_tokens=0,  # type: ignore[arg-type]
-                     compile=r.compile, **kw)
-    return RowInputs(spec=spec, hw=hw, cfg=cfg, notes=tuple(notes))
+                     strategy=strategy, activation_checkpointing=full,  # type: ignore[arg-type]
+                     loss_chunk_tokens=0, compile=r.compile, **kw)
+    # a fused cross-entropy recomputes nothing (speed: unchunked) and keeps no fp32 logits (memory: chunked)
+    fused = not baseline and r.trainer != "torchtitan"
+    mem_cfg = replace(cfg, loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS) if fused else cfg
+    return RowInputs(spec=spec, hw=hw, cfg=cfg, mem_cfg=mem_cfg, notes=tuple(notes))
 
 
 # ------------------------------------------------------------------ what was measured
@@ -217,22 +226,16 @@ def predict(r: PublicRun, *, baseline: bool = False) -> Prediction:
     cfg, hw = inp.cfg, inp.hw
     from planner.throughput import estimate_throughput
     tp = estimate_throughput(cfg, hw)
-    mem = estimate(cfg)
+    mem = estimate(inp.mem_cfg)
     if baseline:
         from planner.build import fits, memory_of
-        full = memory_of(cfg, hw)
+        full = memory_of(inp.mem_cfg, hw)
         ok = fits(full, hw, 0.05)
         verdict, detail = ("fits" if ok else "does not fit"), "allocated + context + NCCL + 5% vs 95% of usable"
     else:
-        try:
-            from planner.fit import verdict_for
-        except ImportError:   # before the three-way verdict existed
-            from planner.build import fits, memory_of
-            ok = fits(memory_of(cfg, hw), hw, 0.05)
-            verdict, detail = ("fits" if ok else "does not fit"), "allocated + context + NCCL + 5% vs 95% of usable"
-        else:
-            v = verdict_for(mem.allocated_peak, hw)
-            verdict, detail = v.verdict, v.reason
+        from planner.fit_verdict import verdict_for
+        v = verdict_for(mem.allocated_peak, hw)
+        verdict, detail = v.verdict, v.reason
     measured, _ = measured_tokens_per_s(r)
     peak = hw.profile.bf16_tflops * 1e12
     mfu = tp.tokens_per_sec * flops_per_token(inp.spec) / (hw.num_gpus * peak)

@@ -64,7 +64,7 @@ def step_config(req: PlanRequest, device_batch: int, num_gpus: int) -> StepConfi
         grad_accum_steps=grad_accum(req.total_batch_tokens, device_batch, req.model.seq_len, num_gpus),
         dp=num_gpus, precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
         activation_checkpointing=req.activation_checkpointing, loss_chunk_tokens=req.loss_chunk_tokens,
-        compile=req.compile,
+        compile=req.compile, ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8,
     )
 
 
@@ -124,6 +124,9 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     hw = hardware_of(req)
     spec = req.model
     g = hw.num_gpus
+    if req.fp8 and not (hw.profile.speed is not None and hw.profile.speed.fp8_matmul_tflops):
+        raise PlanError("--fp8", f"{hw.profile.name} has no FP8 matmuls in its profile",
+                        "drop --fp8, or plan a GPU with FP8 (H100, H200, B200, L4, L40S, RTX 4090)")
     b = req.device_batch_size or choose_batch(req, hw)
     cfg = step_config(req, b, g)
     mem = memory_of(cfg, hw)
@@ -187,7 +190,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                               precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
                               activation_checkpointing=req.activation_checkpointing,
                               loss_chunk_tokens=req.loss_chunk_tokens, compile=req.compile,
-                              residual_dtype="bf16" if residual_bytes(req.precision) == 2 else "fp32"),
+                              residual_dtype="bf16" if residual_bytes(req.precision) == 2 else "fp32",
+                              ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8),
         memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
                           usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
                           peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,

@@ -17,7 +17,9 @@ division; tests/test_shard_state.py checks the runner's real per-rank state.
 
 Checkpointing variants (planner/checkpointing.py): every k-th block, as the step with every block's
 saved tensors less what each checkpointed block drops (never below the all-checkpointed step);
-op-level (selective-op), as the all-checkpointed step plus what each block keeps beyond its input.
+op-level (selective-op), as the all-checkpointed step plus what each block keeps beyond its input. The
+peak is inside the top block's backward, just after it re-ran its forward, so a checkpointed top block
+saves nothing then. Checked against the runner's own trace (tests/test_checkpointing_memory.py).
 
 Not modelled (the profile's overhead terms; assumptions until measured on a GPU): CUDA
 context, NCCL buffers, cuBLAS and flash-attention workspaces, allocator fragmentation.
@@ -99,10 +101,13 @@ def _variant(cfg: StepConfig) -> tuple[str, int]:
     m = _model(cfg)
     N = cfg.device_batch_size * cfg.spec.seq_len
     n_ck = cfg_checkpointed(cfg)
+    if cfg.ac_policy != "selective-op" and n_ck >= cfg.spec.n_layer:
+        return "plain", 0
+    # the peak is inside the top block's backward, which has just re-run its forward: when the top block is
+    # checkpointed it holds what it would have saved, so one checkpointed block fewer counts
+    n_ck -= 1 if cfg.spec.n_layer % max(1, cfg.ac_every) == 0 else 0
     if cfg.ac_policy == "selective-op":
         return "sac", n_ck * sac_kept_per_token(m.D) * N
-    if n_ck >= cfg.spec.n_layer:
-        return "plain", 0
     D = m.D
     per_block = (block_per_token(D) * N + weight_copies(D)) if cfg.compile else layer_saved(D, N)
     return "every", n_ck * (per_block - D.r * D.d * N)

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationIn
 from planner.errors import DuplicateKeyError, PlanError, echo, find_control, pydantic_one_line, strict_json_loads
 from planner.fit_verdict import DEFAULT_HEADROOM, Verdict
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
-from planner.memory_terms import Optimizer, Precision, Strategy
+from planner.memory_terms import AcPolicy, Optimizer, Precision, Strategy
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 
@@ -88,6 +88,10 @@ class PlanRequest(_Strict):
     optimizer: Optimizer = "adamw"
     strategy: Strategy = "ddp"
     activation_checkpointing: bool = False
+    # with checkpointing: every k-th block (1: all), and what a checkpointed block keeps (planner/checkpointing.py)
+    ac_every: int = Field(default=1, ge=1, le=100_000)
+    ac_policy: AcPolicy = "full"
+    fp8: bool = False           # FP8 matmuls in the blocks' linears (torchao Float8Linear): planned, not run
     loss_chunk_tokens: int = Field(default=DEFAULT_LOSS_CHUNK_TOKENS, ge=0, le=MAX_COUNT)
     compile: bool = True
     budget_usd: float | None = Field(default=None, gt=0, le=1e12, **Finite)
@@ -146,6 +150,9 @@ class TrainingPlan(_Strict):
     # the residual stream between blocks (runner/model.py; bf16 under bf16 precisions, docs/numerics.md).
     # None: a plan written before it was recorded.
     residual_dtype: Literal["bf16", "fp32"] | None = None
+    ac_every: int = 1                  # absent in plans written before issue 25: every block, full, no FP8
+    ac_policy: AcPolicy = "full"
+    fp8: bool = False
 
 
 class MemoryPlan(_Strict):

@@ -299,7 +299,8 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
     semantics = cuda_semantics() if kernels == "cuda" else contextlib.nullcontext()
     with FakeTensorMode() if fake else contextlib.nullcontext():
         model: nn.Module = GPT(spec, loss_chunk_tokens=cfg.loss_chunk_tokens,
-                               activation_checkpointing=cfg.activation_checkpointing)
+                               activation_checkpointing=cfg.activation_checkpointing, ac_every=cfg.ac_every,
+                               ac_policy=cfg.ac_policy)
         if cfg.precision == "bf16":               # as runner/train.py build_model
             for p in model.parameters():
                 p.data = p.data.to(torch.bfloat16)

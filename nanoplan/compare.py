@@ -46,7 +46,7 @@ def compare(
     objective: Annotated[str, Opt(metavar="NAME", help="loss | value | max-model | throughput | "
                                                         "chinchilla")] = "loss",
     dataset_tokens: Annotated[Optional[str], Opt(metavar="N", help="Unique tokens in your dataset: 350M, 3B")] = None,
-    headroom: Annotated[float, Opt(metavar="F", help="Memory kept free, a fraction of the GPU")] = 0.05,
+    headroom: Annotated[float, Opt(metavar="F", help="Memory kept free beyond the fragmentation, a fraction of the GPU")] = 0.0,
     format: Annotated[str, Opt("--format", metavar="FMT", help="table | csv | markdown | json")] = "table",
     wide: Annotated[bool, Opt("--wide", metavar=FLAG, help="Every column, however wide the table")] = False,
     plot: Annotated[Optional[str], Opt(metavar="PNG", help="Also draw cost against time to this PNG (needs "

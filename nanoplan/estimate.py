@@ -92,7 +92,7 @@ def estimate(
                                  help="torch.compile (default: on for GPUs, off for CPU; --no-compile: off)")] = False,
     no_compile: Annotated[bool, Opt("--no-compile", hidden=True)] = False,
     headroom: Annotated[float, Opt(metavar="F", rich_help_panel=BATCH,
-                                   help="Memory kept free, a fraction of the GPU")] = 0.05,
+                                   help="Memory kept free beyond the fragmentation, a fraction of the GPU")] = 0.0,
     gpu: Annotated[str, Opt(metavar="SPEC", rich_help_panel=HARDWARE,
                             help="GPUs: H100, 8xH100, 8x A100, 2x8xH100 (nodes×GPUs×type), 2xCPU")] = "8xH100",
     provider: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=HARDWARE,

@@ -24,7 +24,7 @@ def validate(
     plans: Annotated[List[str], typer.Argument(help="plan.json files (from nanoplan estimate --out)")],
     trace: Annotated[bool, Opt("--trace", help="Also trace each plan's real training step (imports torch)")] = False,
     json_out: Annotated[bool, Opt("--json", help="Print a JSON list, one object per plan")] = False,
-    headroom: Annotated[float, Opt(metavar="F", help="Memory headroom fraction for the fit check")] = 0.05,
+    headroom: Annotated[float, Opt(metavar="F", help="Memory kept free beyond the fragmentation, a fraction of the GPU")] = 0.0,
 ) -> None:
     """Re-derive every number in each plan, check it fits; exit 0 all fit, 1 not, 2 bad input."""
     from planner.validate import exit_code, validate_paths  # noqa: PLC0415

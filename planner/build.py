@@ -7,6 +7,7 @@ import math
 from planner import __version__
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
+from planner.fit_verdict import verdict_for
 from planner.launch import torchrun_command
 from planner.memory import estimate
 from planner.memory_terms import MemoryEstimate, StepConfig, residual_bytes
@@ -70,7 +71,7 @@ def step_config(req: PlanRequest, device_batch: int, num_gpus: int) -> StepConfi
         grad_accum_steps=grad_accum(req.total_batch_tokens, device_batch, req.model.seq_len, num_gpus),
         dp=num_gpus, precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
         activation_checkpointing=req.activation_checkpointing, loss_chunk_tokens=req.loss_chunk_tokens,
-        compile=req.compile,
+        compile=req.compile, ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8,
     )
 
 
@@ -104,7 +105,10 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
               n: int) -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
-    if not fit:
+    v = verdict_for(mem.allocated_peak, hw, req.headroom)
+    if v.verdict == "tight":
+        out.append(f"tight: {v.reason}; {v.advice}")
+    elif not fit:
         fix = ("try a smaller device batch, --activation-checkpointing, or --strategy zero1/zero2/fsdp"
                if req.trainer.name == "nanoplan" else f"see what {req.trainer.name} can do in docs/trainers.md")
         out.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(cap)} usable after "
@@ -133,6 +137,9 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     hw = hardware_of(req)
     spec = req.model
     g = hw.num_gpus
+    if req.fp8 and not (hw.profile.speed is not None and hw.profile.speed.fp8_matmul_tflops):
+        raise PlanError("--fp8", f"{hw.profile.name} has no FP8 matmuls in its profile",
+                        "drop --fp8, or plan a GPU with FP8 (H100, H200, B200, L4, L40S, RTX 4090)")
     b = req.device_batch_size or choose_batch(req, hw)
     cfg = step_config(req, b, g)
     mem = memory_of(cfg, hw, req.trainer)
@@ -202,11 +209,12 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                               precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
                               activation_checkpointing=req.activation_checkpointing,
                               loss_chunk_tokens=req.loss_chunk_tokens, compile=req.compile,
-                              residual_dtype="bf16" if residual_bytes(req.precision) == 2 else "fp32"),
+                              residual_dtype="bf16" if residual_bytes(req.precision) == 2 else "fp32",
+                              ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8),
         memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
                           usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
                           peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,
-                          phases=mem.phases),
+                          phases=mem.phases, verdict=verdict_for(mem.allocated_peak, hw, req.headroom).verdict),
         throughput=ThroughputPlan(mfu=tp.mfu, effective_mfu=min(1.0, eff_mfu), peak_flops_per_gpu=tp.peak_flops_per_gpu,
                                   tokens_per_sec=tp.tokens_per_sec, step_seconds=tp.step_seconds,
                                   compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,

@@ -39,12 +39,14 @@ from planner.plan import Plan, atomic_write_text, doc_sha, load_plan, plan_hash,
 from planner.profiles import HardwareProfile, MfuPoint, Overheads, load_profile_file
 from planner.throughput import (
     LINK_EFFICIENCY,
+    MFU_OVER_PEAK_NOTE,
     CommModel,
     Throughput,
     comm_model,
     estimate_throughput,
     exposed_seconds,
     link_bytes_per_s,
+    measured_mfu,
     step_seconds_at,
 )
 
@@ -329,7 +331,9 @@ def measure_run(run_dir: str | Path, skip_steps: int = DEFAULT_SKIP_STEPS) -> Me
                         f"steps only {len(kept)} remain (need {MIN_STEADY_STEPS})",
                         "run more steps or lower --skip-steps")
     tps = statistics.median(float(r["tokens_per_sec"]) for r in kept)
-    mfu = tps * plan.model.flops_per_token / (ws * plan.throughput.peak_flops_per_gpu)
+    mfu, over = measured_mfu(tps, plan.model.flops_per_token, ws, plan.throughput.peak_flops_per_gpu)
+    if over:
+        warnings = [*warnings, MFU_OVER_PEAK_NOTE]
     compiled = {r.get("compiled") for r in kept}
     device = str(info.get("device_name") or info.get("device") or kept[-1].get("device") or "unknown")
     return Measurement(

@@ -42,9 +42,11 @@ def _grad(k: Any, n: int, mode: str) -> None:
 
 def linear_bw(D: Dims, k: Walk, n_in: int, n_out: int, N: int, *, x_cast: bool, x_free: bool,
               g_free: bool, mode: str, bias: bool | None = None, g_kind: str = "temporaries",
-              hold: bool = False) -> None:
-    """Backward of y = x Wᵀ (+ b) for N rows, with the incoming grad (a·n_out·N) alive."""
+              hold: bool = False, block: bool = True) -> None:
+    """Backward of y = x Wᵀ (+ b) for N rows, with the incoming grad (a·n_out·N) alive. A block's linear under
+    FSDP2 mixed precision (D.mp) saved no weight copy: its bf16 weight is FSDP's gather (block=False: the head)."""
     a, W = D.a, n_in * n_out
+    copy = not (D.mp and block)
     bias = D.bias if bias is None else bias
     x_kind = "activations"
     if D.ac:
@@ -52,7 +54,8 @@ def linear_bw(D: Dims, k: Walk, n_in: int, n_out: int, N: int, *, x_cast: bool, 
         k.alloc(a * n_in * N)               # mm: grad of the input
         if g_free:
             k.free(a * n_out * N, g_kind)   # the incoming grad
-        k.free(a * W, "activations")        # the saved bf16 weight copy
+        if copy:
+            k.free(a * W, "activations")    # the saved bf16 weight copy
         if x_free:
             k.free(a * n_in * N, x_kind)    # the saved input
         if x_cast:                          # ToCopyBackward: input grad back to fp32
@@ -231,7 +234,7 @@ def _loss_full_bw(D: Dims, k: Walk, N: int, mode: str) -> None:
     under autocast). A tied head's grad waits in the engine's buffer for the embedding's."""
     _loss_ce_bw(D, k, N)
     linear_bw(D, k, D.d, D.V, N, x_cast=D.ac, x_free=True, g_free=True, mode=mode, bias=False,
-              g_kind="loss_temporaries", hold=D.tied)
+              g_kind="loss_temporaries", hold=D.tied, block=False)
 
 
 def _loss_chunk_bw(D: Dims, k: Walk, c: int, N: int, first: bool, mode: str, frees_rows: int = 0) -> None:

@@ -96,7 +96,7 @@ def _first_block_delta(D: Dims) -> int:
 
 def weight_copies(D: Dims) -> int:
     """One layer's constant bf16 weight copies (autocast)."""
-    return D.a * block_weights(D) if D.ac else 0
+    return D.a * block_weights(D) if (D.ac and not D.mp) else 0
 
 
 def _ce_stats(D: Dims) -> int:
@@ -201,7 +201,7 @@ def _full_loss_bw(m: ModelBytes, k: Any, N: Any, mode: str) -> None:
         k.alloc(D.a * NV, "loss_temporaries")
         k.free(F32 * NV, "loss_temporaries")
     linear_bw(D, k, D.d, D.V, N, x_cast=D.ac, x_free=False, g_free=True, mode=mode, bias=False,
-              g_kind="loss_temporaries", hold=D.tied)
+              g_kind="loss_temporaries", hold=D.tied, block=False)
     norm_bw(D, k, D.d, N, weighted=D.norm_w, g_bytes=D.r, x_bytes=D.r, x_saved=0, mode=mode)
 
 

@@ -117,9 +117,15 @@ def _recomputed(D: Dims, N: Any) -> Any:
     return _layer_saved(D, N) - (D.r * D.d * N if D.nx == D.r else 0)
 
 
+def layer_saved(D: Dims, N: int) -> int:
+    """One block's saved bytes for N tokens (with its per-layer constants): what checkpointing it drops, and
+    its input besides."""
+    return _layer_saved(D, N)
+
+
 def _layer_saved(D: Dims, N: int) -> int:
     """One block's saved bytes for N tokens, with its per-layer constants."""
-    casts = 2 * block_weights(D) if D.ac else 0      # bf16 weight copies (autocast cache, saved by mm)
+    casts = 2 * block_weights(D) if (D.ac and not D.mp) else 0   # bf16 weight copies (autocast cache, saved by mm)
     return _layer_per_token(D) * N + rope_casts(D) + casts
 
 
@@ -155,7 +161,7 @@ def _forward_extra(m: ModelBytes, N: Any, ckpt: bool, chunk: int) -> tuple[Any, 
     """(loss logits, other) alive at the loss forward's peak beyond what is saved."""
     D = m.D
     a, d, V = D.a, D.d, D.V
-    cache = m.L * 2 * block_weights(D) if (ckpt and D.ac) else 0   # autocast's cache, under checkpointing
+    cache = m.L * 2 * block_weights(D) if (ckpt and D.ac and not D.mp) else 0   # autocast's cache, under checkpointing
     if chunk:                                              # the cached bf16 weight copy (the rows' copy
         other = a * V * d if D.ac else 0                   # is freed once the chunk's matmul has run)
     else:                                                  # norm_f output, a local until forward returns
@@ -226,9 +232,10 @@ def _embedding_part(D: Dims, mode: str, shard: int) -> tuple[tuple[Line, ...], L
 
 @lru_cache(maxsize=16384)
 def profile(spec: ModelSpec, precision: Precision, optimizer: Optimizer, ckpt: bool, chunk: int,
-            n_chunks_is_2: bool, mode: str, base_grads: int, shard: int) -> tuple[tuple[str, tuple[Line, ...]], ...]:
+            n_chunks_is_2: bool, mode: str, base_grads: int, shard: int,
+            mp: bool = False) -> tuple[tuple[str, tuple[Line, ...]], ...]:
     """Each phase's peak as an upper envelope of lines in N (DDP-state, gradients sharded)."""
-    m = model_bytes(spec, precision, optimizer)
+    m = model_bytes(spec, precision, optimizer, mp)
     D = m.D
     fixed = m.params + m.buffers + m.optimizer_state
     acts, _head, loss = _saved(m, 1j, ckpt, chunk)

@@ -25,6 +25,8 @@ from planner.spec import ModelSpec
 Precision = Literal["bf16-autocast", "bf16", "fp32"]
 Optimizer = Literal["adamw", "muon"]
 Strategy = Literal["ddp", "zero1", "zero2", "fsdp"]
+AcPolicy = Literal["full", "selective-op"]
+ReduceDtype = Literal["fp32", "bf16"]
 STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "fsdp")
 
 F32 = 4          # fp32 bytes: losses, rstd/mean statistics, autocast's fp32 ops
@@ -45,6 +47,13 @@ class StepConfig:
     activation_checkpointing: bool = False
     loss_chunk_tokens: int = 0
     compile: bool = False       # torch.compile: planner.memory_compiled's model of the compiled step
+    # with activation_checkpointing: what a checkpointed block keeps. "full": its input only, the forward is re-run;
+    # "selective-op": torchtitan's op-level policy (torch.utils.checkpoint with a policy): the outputs of every
+    # other matmul and of attention are saved, the rest is recomputed (planner.checkpointing).
+    ac_policy: AcPolicy = "full"
+    ac_every: int = 1           # checkpoint every k-th block (1: every block; torchtitan's selective "layer" is 2)
+    fp8: bool = False           # FP8 matmuls in the blocks' linears (torchao Float8Linear); modelled, not run
+    reduce_dtype: ReduceDtype | None = None   # dtype gradients are reduced in; None: the weight dtype (the runner)
 
 
 @dataclass
@@ -105,9 +114,17 @@ class Dims:
     tied: bool
     bias: bool
     learned_pos: bool
+    mp: bool = False    # weights reach the blocks as FSDP2's bf16 gathers: no autocast copies are cached or saved
 
 
-def dims(spec: ModelSpec, precision: Precision) -> Dims:
+def fsdp_mixed_precision(cfg: StepConfig) -> bool:
+    """zero2/fsdp over several GPUs under bf16 autocast: the runner gives FSDP2 MixedPrecisionPolicy(param_dtype=
+    bf16) on CUDA (runner/parallel.py), so a block's weights are gathered in bf16 and used as they are: no fp32
+    weight is cast per matmul, nothing is cached or saved for it. (CPU plans are fp32.)"""
+    return cfg.precision == "bf16-autocast" and cfg.strategy in ("zero2", "fsdp") and cfg.dp > 1
+
+
+def dims(spec: ModelSpec, precision: Precision, mp: bool = False) -> Dims:
     w, a, r = precision_bytes(precision)
     return Dims(
         d=spec.d_model, f=spec.d_ff, q=spec.n_head * spec.head_dim, kv=spec.n_kv_head * spec.head_dim,
@@ -116,7 +133,7 @@ def dims(spec: ModelSpec, precision: Precision) -> Dims:
         mlp=spec.mlp, ln=spec.norm == "layernorm",
         norm_w=spec.norm != "rmsnorm_noweight", rotary=spec.pos == "rotary", qk_norm=spec.qk_norm,
         softcap=spec.logit_softcap is not None, tied=spec.tied, bias=spec.bias,
-        learned_pos=spec.pos == "learned",
+        learned_pos=spec.pos == "learned", mp=mp and precision == "bf16-autocast",
     )
 
 
@@ -173,8 +190,8 @@ class ModelBytes:
 
 
 @lru_cache(maxsize=4096)
-def model_bytes(spec: ModelSpec, precision: Precision, optimizer: Optimizer) -> ModelBytes:
-    D = dims(spec, precision)
+def model_bytes(spec: ModelSpec, precision: Precision, optimizer: Optimizer, mp: bool = False) -> ModelBytes:
+    D = dims(spec, precision, mp)
     P = n_params(spec)
     return ModelBytes(D=D, L=spec.n_layer, params=P * D.w, buffers=4 * D.T * D.hd if D.rotary else 0,
                       optimizer_state=_optimizer_state(spec, optimizer, D.w),
@@ -197,30 +214,34 @@ def fsdp_gathered_bytes(spec: ModelSpec, w: int) -> int:
 
 
 @lru_cache(maxsize=4096)
-def sharded_extra(strategy: str, spec: ModelSpec, w: int, dp: int) -> tuple[str, int]:
+def sharded_extra(strategy: str, spec: ModelSpec, w: int, dp: int, mp: bool = False) -> tuple[str, int]:
     """(category, bytes) a sharded rank holds beyond its even shares during the step.
 
     fsdp (FSDP2, reshard_after_forward=True) gathers two layers ahead of use: temporaries.
     zero2 (FSDP2, reshard_after_forward=False, runner/parallel.py) keeps every gathered layer
     from its forward to its backward, beside its own parameter shard: the full parameters plus
-    1/dp. Gathered copies are counted at the weight width w; with bf16 mixed precision on CUDA
-    FSDP2 gathers bf16, so this is conservative there (tests/test_shard_state.py).
+    1/dp. Gathered copies are at the weight width w, or bf16 (2 bytes) under FSDP2's mixed precision
+    (`mp`, fsdp_mixed_precision): then zero2 holds its fp32 shard plus every layer in bf16
+    (tests/test_shard_state.py measures the fp32 CPU case).
     """
+    g = 2 if mp else w
     if strategy == "fsdp":
-        return "temporaries", fsdp_gathered_bytes(spec, w)
+        return "temporaries", fsdp_gathered_bytes(spec, g)
     if strategy == "zero2" and dp > 1:
-        return "parameters", n_params(spec) * w // dp
+        P = n_params(spec)
+        return "parameters", (P * w // dp if not mp else P * g + P * w // dp - P * w)
     return "temporaries", 0
 
 
-def shard_breakdown(breakdown: dict[str, int], strategy: str, dp: int, spec: ModelSpec, w: int) -> dict[str, int]:
+def shard_breakdown(breakdown: dict[str, int], strategy: str, dp: int, spec: ModelSpec, w: int,
+                    mp: bool = False) -> dict[str, int]:
     """Divide optimizer state (zero1+) and parameters (fsdp) by dp and add what sharding holds
     beyond even shares (`sharded_extra`; gradients are sharded while walking the step, see `_grad` in planner/memory_backward.py)."""
     out = dict(breakdown)
     for key in SHARDED[strategy]:
         if key != "gradients":
             out[key] = out[key] // dp
-    key, extra = sharded_extra(strategy, spec, w, dp)
+    key, extra = sharded_extra(strategy, spec, w, dp, mp)
     out[key] += extra
     return out
 
@@ -230,7 +251,7 @@ def grad_shard(cfg: StepConfig) -> int:
     return max(1, cfg.dp) if cfg.strategy in ("zero2", "fsdp") else 1
 
 
-def state_cut(m: ModelBytes, strategy: str, dp: int, w: int, spec: ModelSpec) -> int:
+def state_cut(m: ModelBytes, strategy: str, dp: int, w: int, spec: ModelSpec, mp: bool = False) -> int:
     """Bytes sharding removes from optimizer state (zero1+) and parameters (fsdp), minus the
     two layers FSDP keeps gathered; gradients are sharded inside the walk."""
     if strategy == "ddp" or dp <= 1:
@@ -238,7 +259,7 @@ def state_cut(m: ModelBytes, strategy: str, dp: int, w: int, spec: ModelSpec) ->
     cut = m.optimizer_state - m.optimizer_state // dp
     if strategy == "fsdp":
         cut += m.params - m.params // dp
-    return cut - sharded_extra(strategy, spec, w, dp)[1]
+    return cut - sharded_extra(strategy, spec, w, dp, mp)[1]
 
 
 # --------------------------------------------------------------------------- records of a walk

@@ -17,8 +17,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from planner.errors import DuplicateKeyError, PlanError, echo, find_control, pydantic_one_line, strict_json_loads
+from planner.fit_verdict import DEFAULT_HEADROOM, Verdict
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
-from planner.memory_terms import Optimizer, Precision, Strategy
+from planner.memory_terms import AcPolicy, Optimizer, Precision, Strategy
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 
@@ -117,6 +118,10 @@ class PlanRequest(_Strict):
     optimizer: Optimizer = "adamw"
     strategy: Strategy = "ddp"
     activation_checkpointing: bool = False
+    # with checkpointing: every k-th block (1: all), and what a checkpointed block keeps (planner/checkpointing.py)
+    ac_every: int = Field(default=1, ge=1, le=100_000)
+    ac_policy: AcPolicy = "full"
+    fp8: bool = False           # FP8 matmuls in the blocks' linears (torchao Float8Linear): planned, not run
     loss_chunk_tokens: int = Field(default=DEFAULT_LOSS_CHUNK_TOKENS, ge=0, le=MAX_COUNT)
     compile: bool = True
     budget_usd: float | None = Field(default=None, gt=0, le=1e12, **Finite)
@@ -127,7 +132,7 @@ class PlanRequest(_Strict):
     data_dir: str | None = None
     checkpoint_every_minutes: float = Field(default=60.0, gt=0, le=1e6, **Finite)
     keep_last: int = Field(default=3, ge=1, le=1000)
-    headroom: float = Field(default=0.05, ge=0, lt=1, **Finite)
+    headroom: float = Field(default=DEFAULT_HEADROOM, ge=0, lt=1, **Finite)   # planner.fit_verdict
     mfu: float | None = Field(default=None, gt=0, le=1, **Finite)
     run_dir: str = "runs/latest"
     hyper: Hyper = Hyper()
@@ -177,6 +182,9 @@ class TrainingPlan(_Strict):
     # the residual stream between blocks (runner/model.py; bf16 under bf16 precisions, docs/numerics.md).
     # None: a plan written before it was recorded.
     residual_dtype: Literal["bf16", "fp32"] | None = None
+    ac_every: int = 1                  # absent in plans written before issue 25: every block, full, no FP8
+    ac_policy: AcPolicy = "full"
+    fp8: bool = False
 
 
 class MemoryPlan(_Strict):
@@ -184,11 +192,14 @@ class MemoryPlan(_Strict):
     capacity_bytes: int = Field(gt=0)
     usable_bytes: int = Field(gt=0)
     headroom: float = Field(ge=0, lt=1, **Finite)
-    fits: bool
+    fits: bool                      # the allocated peak plus fragmentation within capacity (verdict "fits")
     peak_phase: str
     breakdown: dict[str, NonNegInt]
     overhead: dict[str, NonNegInt]
     phases: dict[str, NonNegInt]
+    # fits / tight (may run out of memory through fragmentation) / does not fit (planner.fit_verdict);
+    # None: a plan written before the verdict was recorded
+    verdict: Verdict | None = None
 
 
 class ThroughputPlan(_Strict):

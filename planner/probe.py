@@ -28,6 +28,7 @@ from planner.calibrate import Measurement, calibrate_profile, fitted_mfu, rel_er
 from planner.errors import PlanError
 from planner.plan import Plan, PlanRequest
 from planner.profiles import HardwareProfile
+from planner.throughput import measured_mfu
 from planner.units import fmt_bytes, fmt_count
 
 MIN_GAIN = 0.02      # assumption: a config must beat the plan's own by 2% to replace it (step-time noise)
@@ -114,7 +115,7 @@ def trial_record(cfg: TrialConfig, tplan: Plan, status: str, raw: dict[str, Any]
     steps = [float(s) for s in raw["step_seconds"]]
     tps = tplan.schedule.tokens_per_step / statistics.median(steps)
     world = tplan.hardware.num_gpus
-    mfu = tps * tplan.model.flops_per_token / (world * tplan.throughput.peak_flops_per_gpu)
+    mfu = measured_mfu(tps, tplan.model.flops_per_token, world, tplan.throughput.peak_flops_per_gpu)[0]
     peak = peak_device_bytes(mem)
     headroom = tplan.request.headroom
     if peak is not None:
@@ -148,7 +149,8 @@ def measurement_of(tplan: Plan, *, label: str, tokens_per_sec: float, steps: int
         run_dir=label, model=tplan.model.name, n_params=tplan.model.n_params, num_gpus=tplan.hardware.num_gpus,
         nodes=tplan.hardware.nodes, device=device, date=date, compiled=tplan.training.compile, steps_logged=steps,
         steps_used=steps, first_step_used=first_step_used, tokens_per_sec=tokens_per_sec,
-        mfu=tokens_per_sec * tplan.model.flops_per_token / (tplan.hardware.num_gpus * tplan.throughput.peak_flops_per_gpu),
+        mfu=measured_mfu(tokens_per_sec, tplan.model.flops_per_token, tplan.hardware.num_gpus,
+                         tplan.throughput.peak_flops_per_gpu)[0],
         fitted_mfu=fitted_mfu(tplan, tokens_per_sec), max_memory_allocated=max_memory_allocated,
         max_memory_reserved=max_memory_reserved, predicted_tokens_per_sec=tplan.throughput.tokens_per_sec,
         predicted_mfu=tplan.throughput.mfu, predicted_effective_mfu=tplan.throughput.effective_mfu,

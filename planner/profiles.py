@@ -95,14 +95,40 @@ class MfuPoint(BaseModel):
     mfu: float = _in("mfu")
 
 
+FRAGMENTATION = 0.0996   # of the allocated peak: mean + 2 sd of max_memory_reserved / the planner's allocated
+                         # peak - 1 over the public calibration rows that publish it (benchmarks/fit_memory.py),
+                         # fitted on benchmarks/public_runs calibration set, 2026-11-25
+
+
 class Overheads(BaseModel):
-    """Fixed memory overheads per GPU. Defaults are assumptions until calibrated on a GPU."""
+    """Memory overheads per GPU beyond the allocated peak (planner/fit_verdict.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    cuda_context_bytes: int = Field(default=536_870_912, ge=0, le=int(RANGES["overhead_bytes"][1]))  # 512 MiB: assumption
-    nccl_bytes: int = Field(default=268_435_456, ge=0, le=int(RANGES["overhead_bytes"][1]))  # 256 MiB with >1 GPU: assumption
-    fragmentation: float = Field(default=0.05, ge=0, le=1, allow_inf_nan=False, strict=True)  # of the peak: assumption
-    source: str = "assumption: typical CUDA 12 context and NCCL buffers; calibrate with nanoplan calibrate"
+    cuda_context_bytes: int = Field(default=536_870_912, ge=0, le=int(RANGES["overhead_bytes"][1]))   # 512 MiB: assumption
+    nccl_bytes: int = Field(default=268_435_456, ge=0, le=int(RANGES["overhead_bytes"][1]))           # 256 MiB with >1 GPU: assumption
+    fragmentation: float = Field(default=FRAGMENTATION, ge=0, le=1, allow_inf_nan=False, strict=True)  # of the peak
+    source: str = ("fragmentation fitted on benchmarks/public_runs calibration set, 2026-11-25 (benchmarks/fit_memory.py: "
+                   "public max_memory_reserved against the allocated peak); CUDA context and NCCL buffers: assumption "
+                   "(typical CUDA 12); calibrate with nanoplan calibrate")
+
+
+class Speed(BaseModel):
+    """What the step-time model (planner/throughput.py) reads of a GPU beyond its datasheet: the dense matmul
+    rate torch really reaches on it. Without this section a profile uses the flat `default_mfu`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    architecture: Literal["ampere", "ada", "hopper", "blackwell"]   # NVIDIA generation (speed_constants by it)
+    matmul_tflops: float = _in("tflops")                   # TFLOP/s: achievable dense bf16 GEMM (best shape)
+    fp8_matmul_tflops: float | None = _in("tflops", default=None)
+    source: str = Field(min_length=3)
+    attention_tflops: float = _in("tflops")                # TFLOP/s: flash attention forward + backward, causal, bf16
+    attention_source: str = Field(min_length=3)
+
+    def scaled(self, t: int) -> Speed:
+        """t GPUs taken as one device (used only to approximate tensor parallelism in benchmarks)."""
+        return self.model_copy(update={
+            "matmul_tflops": self.matmul_tflops * t, "attention_tflops": self.attention_tflops * t,
+            "fp8_matmul_tflops": self.fp8_matmul_tflops * t if self.fp8_matmul_tflops else None})
 
 
 class HardwareProfile(BaseModel):
@@ -125,6 +151,7 @@ class HardwareProfile(BaseModel):
     gpus_per_node: int = Field(gt=0, le=1024)
     default_mfu: float = _in("mfu")
     mfu_curve: list[MfuPoint] = []
+    speed: Speed | None = None
     overheads: Overheads = Overheads()
     default_provider: str
     prices: list[Price] = Field(min_length=1)

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 from planner.build import batch_choices, build_plan, memory_of
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params
 from planner.errors import PlanError
+from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, allocated_peak, estimate
 from planner.memory_eager import layer_activation_bytes
 from planner.memory_terms import STRATEGIES, Optimizer, Precision, StepConfig, precision_bytes
@@ -58,21 +59,7 @@ from planner.scaling import (
     model_term,
 )
 from planner.spec import ModelSpec, style_spec
-from planner.throughput import (
-    KERNELS_PER_LAYER,
-    KERNELS_PER_LAYER_RECOMPUTE,
-    KERNELS_PER_LOSS_CHUNK,
-    KERNELS_PER_MICRO_STEP,
-    Throughput,
-    comm_model,
-    estimate_throughput,
-    exposed_seconds,
-    hbm_bytes_per_s,
-    link_bytes_per_s,
-    loss_chunks,
-    loss_recompute_flops_per_token,
-    step_costs,
-)
+from planner.throughput import StepModel, Throughput, estimate_throughput
 from planner.units import fmt_bytes, fmt_count
 
 OBJECTIVES = ("loss", "value", "max-model", "throughput", "chinchilla")
@@ -117,7 +104,7 @@ class Settings:
     precision: Precision = "bf16-autocast"
     optimizer: Optimizer = "adamw"
     loss_chunk_tokens: int = DEFAULT_LOSS_CHUNK_TOKENS
-    headroom: float = 0.05
+    headroom: float = DEFAULT_HEADROOM
     mfu: float | None = None
     dataset_tokens: int | None = None
     max_epochs: float | None = FRESH_EPOCHS   # with a dataset: never plan more epochs than this
@@ -339,10 +326,6 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     fixed_over = (ov.cuda_context_bytes if is_gpu else 0) + (ov.nccl_bytes if g > 1 and is_gpu else 0)
     frag = ov.fragmentation if is_gpu else 0.0
     capacity = prof.usable_bytes * (1.0 - settings.headroom)
-    w, a, _ = precision_bytes(settings.precision)
-    peak = prof.peak_flops("fp32" if settings.precision == "fp32" else "bf16")
-    bw = link_bytes_per_s(hw)
-    hbm = hbm_bytes_per_s(hw)
     chunk = settings.loss_chunk_tokens
     compiled = is_gpu if settings.compile is None else settings.compile
     ds = settings.dataset_tokens
@@ -353,20 +336,13 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     for spec in models:
         mp = _model_parts(spec, settings, hw)
         P = mp.P
-        # per micro-batch: accumulation steps and the chunked loss's recompute (strategy-independent)
-        per_b = [(b, tb // (b * T * g), loss_recompute_flops_per_token(spec, b * T, chunk),
-                  KERNELS_PER_LOSS_CHUNK * loss_chunks(b * T, chunk)) for b in choices]
-        mfu_peak = mp.mfu * peak
+        per_b = [(b, tb // (b * T * g)) for b in choices]     # per micro-batch: accumulation steps
         for strat in strategies:
-            cm = comm_model(StepConfig(spec=spec, device_batch_size=1, dp=g, precision=settings.precision,
-                                       strategy=strat), g, gpu=is_gpu)  # type: ignore[arg-type]
-            costs = step_costs(spec, settings.precision, settings.optimizer, strat, g, hbm, is_gpu)
-            optimizer_s = costs.optimizer_flops / mfu_peak + costs.optimizer_fixed
-            acc_s, micro_s, launch_s = costs.accum_seconds, costs.micro_seconds, costs.launch_seconds
+            # planner.throughput's step model, the same code estimate_throughput reports
+            sm = StepModel(spec, hw, precision=settings.precision, optimizer=settings.optimizer, strategy=strat,
+                           compiled=compiled, loss_chunk_tokens=chunk, tokens_per_step=tb, mfu=settings.mfu)
             for ac in ac_options:
-                f_hw = (mp.f_tok + mp.f_tok / 3.0) if ac else float(mp.f_tok)
-                k_base = KERNELS_PER_MICRO_STEP + spec.n_layer * (KERNELS_PER_LAYER + (KERNELS_PER_LAYER_RECOMPUTE if ac else 0))
-                for b, accum, extra, k_loss in per_b:
+                for b, accum in per_b:
                     evaluated += 1
                     alloc = allocated_peak(StepConfig(  # planner.memory's cached fast path (= estimate)
                         spec=spec, device_batch_size=b, grad_accum_steps=accum, dp=g, precision=settings.precision,
@@ -375,12 +351,7 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
                     total = alloc + fixed_over + (int(alloc * frag) if frag else 0)
                     if total > capacity:
                         continue
-                    # = throughput.estimate_throughput, term by term
-                    compute = tb * (f_hw + extra) / (g * mp.mfu * peak)
-                    # + throughput.micro_step_seconds, inlined
-                    step_s = compute + optimizer_s + ((accum - 1) * acc_s + accum * (micro_s + (k_base + k_loss) * launch_s))
-                    if g > 1:
-                        step_s += exposed_seconds(cm, bw, compute, accum)
+                    step_s = sm.seconds(b, accum, ac)
                     fitting.append((spec, P, b, accum, strat, ac, total, step_s))
 
     run_hours = (length.hours if length.hours is not None else
@@ -996,7 +967,7 @@ def runners_up_table(result: SearchResult, top: int, width: int | None = None) -
 def settings_from(base: dict[str, Any]) -> Settings:
     return Settings(total_batch_tokens=base.get("total_batch_tokens", 524_288),
                     precision=base.get("precision", "bf16-autocast"), optimizer=base.get("optimizer", "adamw"),
-                    loss_chunk_tokens=base.get("loss_chunk_tokens", DEFAULT_LOSS_CHUNK_TOKENS), headroom=base.get("headroom", 0.05),
+                    loss_chunk_tokens=base.get("loss_chunk_tokens", DEFAULT_LOSS_CHUNK_TOKENS), headroom=base.get("headroom", DEFAULT_HEADROOM),
                     mfu=base.get("mfu"), dataset_tokens=base.get("dataset_tokens"),
                     max_epochs=base.get("max_epochs") or FRESH_EPOCHS, compile=base.get("compile"))
 

@@ -74,8 +74,9 @@ def nanochat_heads(d_model: int) -> int:
     return h
 
 
-def nanochat(depth: int, seq_len: int = 2048, vocab_size: int = 65536) -> ModelSpec:
-    """nanochat's depth-parameterised model: d_model = 64·depth, 4d ReLU² MLP."""
+def nanochat(depth: int, seq_len: int = 2048, vocab_size: int = 65536, tied: bool = False) -> ModelSpec:
+    """nanochat's depth-parameterised model: d_model = 64·depth, 4d ReLU² MLP (untied, as nanochat; `tied` shares
+    the output head with the input embedding, as GPT-2 and modded-nanogpt's 2024 records do)."""
     if depth <= 0:
         raise PlanError("depth", f"must be a positive integer, got {depth}")
     d = 64 * depth
@@ -83,16 +84,16 @@ def nanochat(depth: int, seq_len: int = 2048, vocab_size: int = 65536) -> ModelS
     return ModelSpec(
         style="nanochat", n_layer=depth, d_model=d, n_head=h, n_kv_head=h, d_ff=4 * d,
         vocab_size=vocab_size, seq_len=seq_len, mlp="relu2", norm="rmsnorm_noweight",
-        pos="rotary", tied=False, bias=False, qk_norm=True, logit_softcap=15.0,
+        pos="rotary", tied=tied, bias=False, qk_norm=True, logit_softcap=15.0,
     )
 
 
 def gpt2(n_layer: int, d_model: int, n_head: int, seq_len: int = 1024,
-         vocab_size: int = 50257) -> ModelSpec:
+         vocab_size: int = 50257, tied: bool = True) -> ModelSpec:
     return ModelSpec(
         style="gpt2", n_layer=n_layer, d_model=d_model, n_head=n_head, n_kv_head=n_head,
         d_ff=4 * d_model, vocab_size=vocab_size, seq_len=seq_len, mlp="gelu", norm="layernorm",
-        pos="learned", tied=True, bias=True,
+        pos="learned", tied=tied, bias=True,
     )
 
 
@@ -111,16 +112,17 @@ def llama(n_layer: int, d_model: int, n_head: int, n_kv_head: int, d_ff: int | N
     )
 
 
-def style_spec(style: Style, depth: int, seq_len: int, vocab_size: int) -> ModelSpec:
-    """A depth-scaled member of a style (used by --depth and the search)."""
+def style_spec(style: Style, depth: int, seq_len: int, vocab_size: int, tied: bool | None = None) -> ModelSpec:
+    """A depth-scaled member of a style (used by --depth and the search); `tied` overrides the style's own
+    choice of sharing the output head with the input embedding (None: the style's)."""
     if style in ("nanochat", "custom"):
-        return nanochat(depth, seq_len, vocab_size)
+        return nanochat(depth, seq_len, vocab_size, tied=bool(tied))
     d = 64 * depth
     h = nanochat_heads(d)
     if style == "gpt2":
-        return gpt2(depth, d, h, seq_len, vocab_size)
+        return gpt2(depth, d, h, seq_len, vocab_size, tied=True if tied is None else tied)
     kv = max(1, h // 4) if h % 4 == 0 else h
-    return llama(depth, d, h, kv, seq_len=seq_len, vocab_size=vocab_size)
+    return llama(depth, d, h, kv, seq_len=seq_len, vocab_size=vocab_size, tied=bool(tied))
 
 
 # Presets with published parameter counts (tests pin them).

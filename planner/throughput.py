@@ -1,39 +1,44 @@
-"""Step time and tokens/s: FLOPs at an MFU, memory traffic at HBM bandwidth, launches, communication.
+"""Step time and tokens/s: compute by term, the optimizer and the micro-steps at HBM bandwidth, communication.
 
 One optimizer step of `grad_accum` micro-steps takes (docs/throughput.md has every constant and its source):
 
     step = compute + optimizer + micro-step costs + exposed communication
 
-- compute: tokens × hardware FLOPs/token ÷ (GPUs × MFU × peak). FLOPs/token is the PaLM model-FLOPs
-  count (counts.flops_per_token); activation checkpointing re-runs the forward (+1/3), and the chunked
-  loss re-runs the head's forward (`loss_recompute_flops_per_token`).
+- compute (planner/compute_model.py): per token, matmul FLOPs at the GPU's achievable matmul rate (a cited MAMF
+  measurement × a fitted efficiency; FP8 for the blocks' linears where the plan asks and the GPU has it),
+  causal flash attention at its own efficiency, and the element-wise and norm work at HBM bandwidth (eager or
+  compiled traffic), with what activation checkpointing re-runs (every block, every k-th, or op-level).
+  A calibrated profile (`mfu_curve`, from `nanoplan calibrate`), an explicit --mfu, or a profile without a `speed`
+  section (CPU, user profiles) replaces this by the flat rule tokens × FLOPs ÷ (GPUs × MFU × peak); that is how
+  `nanoplan probe` and `calibrate` correct the prior on the user's own machine.
 - optimizer (once per step, per GPU): fused AdamW is bound by memory bandwidth: it reads parameter,
   gradient, exp_avg and exp_avg_sq and writes parameter, exp_avg and exp_avg_sq (7 element-sized
   accesses per parameter) at HBM_EFFICIENCY × the profile's `hbm_tb_s`. torch.optim.Muon (hidden
   matrices) runs MUON_NS_STEPS Newton–Schulz iterations per matrix, each three matmuls
-  (`newton_schulz_flops`), at the same MFU as the model, plus its element-wise passes and launches.
+  (`newton_schulz_flops`), at the matmul rate, plus its element-wise passes and launches.
   Gradient clipping (the runner's default grad_clip 1.0) reads the gradients once for the norm and
   once more to scale them in place.
 - micro-step costs (per micro-step, so bigger micro-batches pay them fewer times): every micro-step
   after the first adds its gradients into the accumulated ones in place (autograd's AccumulateGrad:
   read both, write one); FSDP2 (zero2/fsdp) also copies the all-gathered parameters out of the flat
   buffer and the gradients into the reduce-scatter buffer; and each micro-step launches its kernels
-  (an assumed count per block, per loss chunk and per micro-step, × LAUNCH_SECONDS, GPU profiles only).
-- communication, as runner/parallel.py does it (ring collectives move (n−1)/n of the tensor through
-  each GPU's link per all-gather or reduce-scatter, twice that per all-reduce; Patarasuk & Yuan 2009):
-  - ddp: one all-reduce of the gradients (weight dtype), on the last micro-step (no_sync on the others),
-    hidden behind that micro-step's backward (2/3 of its compute);
+  (an assumed count per block, eager or compiled, per loss chunk and per micro-step, × LAUNCH_SECONDS, GPUs only).
+- communication (ring collectives move (n−1)/n of the tensor through each GPU's link per all-gather or
+  reduce-scatter, twice that per all-reduce; Patarasuk & Yuan 2009), gradients in the dtype really reduced
+  (`StepConfig.reduce_dtype`, else the weight dtype, as runner/parallel.py):
+  - ddp: one all-reduce of the gradients on the last micro-step (no_sync on the others), as DDP's buckets
+    overlap it with that micro-step's backward (2/3 of its compute); only that backward can hide it;
   - zero1: the same all-reduce, plus ZeroRedundancyOptimizer's broadcast of each rank's updated
-    parameters after the optimizer step, which nothing hides;
-  - zero2 / fsdp (FSDP2): every micro-step all-gathers the parameters (bf16 with the CUDA
-    mixed-precision policy under bf16 autocast, else the weight dtype) and reduce-scatters the
-    gradients (weight dtype); fsdp gathers again for the backward. This traffic hides behind each
-    micro-step's forward and backward.
-  Within a node the link is NVLink/PCIe (`intra_node_gb_s`); across nodes the per-GPU network
-  (`inter_node_gb_s`) is the bottleneck. Hidden traffic overlaps compute with efficiency OVERLAP.
+    parameters inside the optimizer step, which nothing hides;
+  - zero2 / fsdp (FSDP2): every micro-step all-gathers the parameters (bf16 under the CUDA mixed-precision
+    policy, 1 byte with FP8 all-gather, else the weight dtype) and reduce-scatters the gradients; fsdp
+    gathers again for the backward. FSDP's prefetch overlaps this traffic with each micro-step's compute.
+  Hidden traffic overlaps compute with the fitted `overlap`. Within a node the link is NVLink/PCIe
+  (`intra_node_gb_s`). Across nodes a ring crosses each node's network once per hop, and NCCL spreads its
+  channels over every NIC of the node, so a GPU's share of the ring runs at min(intra-node, GPUs per node ×
+  `inter_node_gb_s`). Achieved bandwidth is the fitted `link_efficiency` of nominal, applied once.
 
-Only compute and the Newton–Schulz matmuls scale with 1/MFU; everything else is fixed by bytes,
-bandwidth and launch counts. planner/calibrate.py inverts exactly this (`step_seconds_at`).
+The fitted constants are in planner/speed_constants.py; planner/calibrate.py inverts `step_seconds_at`.
 """
 
 from __future__ import annotations
@@ -41,15 +46,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token
+from planner.compute_model import ComputeTerms, compute_terms, hbm_rate, matmul_rate
 from planner.counts import flops_per_token, matrix_params, n_params
 from planner.memory_terms import StepConfig, precision_bytes
-from planner.profiles import Hardware
+from planner.profiles import Hardware, HardwareProfile
 from planner.spec import ModelSpec
+from planner.speed_constants import DEFAULT, SpeedConstants
 
-OVERLAP = 0.8            # assumption: fraction of the last backward that can hide communication
-LINK_EFFICIENCY = 0.8    # assumption: achieved / nominal link bandwidth for large NCCL rings
-HBM_EFFICIENCY = 0.9     # achieved / nominal HBM bandwidth: device-to-device copies measured at 3.0 of 3.35 TB/s
-                         # on H100 and 4.3 of 4.8 TB/s on H200 (docs/sources.md §4)
+OVERLAP = DEFAULT.overlap                  # fraction of compute that hides communication (speed_constants.py)
+LINK_EFFICIENCY = DEFAULT.link_efficiency  # achieved / nominal link bandwidth (speed_constants.py)
 ADAMW_ACCESSES = 7       # torch._fused_adamw_(params, grads, exp_avgs, exp_avg_sqs, ...) (torch/optim/adam.py):
                          # reads p, g, m, v and updates p, m, v in place (amsgrad off); state in the param dtype
 CLIP_ACCESSES = 3        # clip_grad_norm_: the norm reads each gradient, _foreach_mul_ reads and writes it
@@ -64,6 +70,7 @@ LAUNCH_SECONDS = 2e-6    # assumption to calibrate: GPU time lost per kernel lau
                          # ("each launch takes on the order of microseconds", Modal GPU glossary, CUDA Graph)
 KERNELS_PER_LAYER = 30   # assumption: one compiled block forward + backward: 12 GEMMs, 2-4 attention kernels and
                          # about 14 fused element-wise/norm kernels
+KERNELS_PER_LAYER_EAGER = 80      # assumption: the same block eager, one kernel per op (about 25 forward, 55 backward)
 KERNELS_PER_LAYER_RECOMPUTE = 10  # assumption: the forward re-run by activation checkpointing
 KERNELS_PER_MICRO_STEP = 20       # assumption: input copy, embedding, final norm, loss and their backward
 KERNELS_PER_LOSS_CHUNK = 6        # assumption: head matmul, fused loss, their recompute and backward, per chunk
@@ -72,18 +79,21 @@ MUON_KERNELS_PER_MATRIX = 9 + 3 * MUON_NS_STEPS   # _single_tensor_muon: 9 eleme
 
 @dataclass(frozen=True)
 class Throughput:
-    mfu: float
+    mfu: float                      # the flat MFU that gives this compute time (the planner's prior, or --mfu)
     peak_flops_per_gpu: float
     flops_per_token: int
     tokens_per_step: int
-    compute_seconds: float          # forward + backward + recompute FLOPs at the MFU
+    compute_seconds: float          # forward + backward + recompute (matmuls, attention, element-wise)
     comm_seconds: float
     exposed_comm_seconds: float
     step_seconds: float
     optimizer_seconds: float = 0.0  # optimizer step + gradient clipping (includes optimizer_matmul_seconds)
-    optimizer_matmul_seconds: float = 0.0   # Muon's Newton–Schulz matmuls at the MFU
+    optimizer_matmul_seconds: float = 0.0   # Muon's Newton–Schulz matmuls at the matmul rate
     micro_step_seconds: float = 0.0  # the step's per-micro-step costs (accumulation, FSDP copies, launches)
     loss_recompute_seconds: float = 0.0     # the part of compute_seconds that re-runs the chunked loss's head
+    matmul_seconds: float = 0.0     # compute_seconds by term (0 under a flat MFU)
+    attention_seconds: float = 0.0
+    elementwise_seconds: float = 0.0
 
     @property
     def tokens_per_sec(self) -> float:
@@ -100,11 +110,18 @@ class CommModel:
     """Bytes one GPU moves per optimizer step, by when they can overlap compute."""
 
     step_bytes: float = 0.0      # once per step, behind the last micro-step's backward (ddp, zero1)
-    micro_bytes: float = 0.0     # every micro-step, behind its forward and backward (zero2, fsdp)
-    exposed_bytes: float = 0.0   # after the optimizer step, never hidden (zero1's broadcast)
+    micro_bytes: float = 0.0     # every micro-step, behind its compute (zero2, fsdp)
+    exposed_bytes: float = 0.0   # inside the optimizer step, never hidden (zero1's broadcast)
 
     def total(self, grad_accum: int) -> float:
         return self.step_bytes + self.micro_bytes * grad_accum + self.exposed_bytes
+
+
+def reduce_bytes(cfg: StepConfig) -> int:
+    """Bytes per gradient element as reduced: the plan's reduce dtype, else the weight dtype (the runner)."""
+    if cfg.reduce_dtype is not None:
+        return 2 if cfg.reduce_dtype == "bf16" else 4
+    return precision_bytes(cfg.precision)[0]
 
 
 def comm_model(cfg: StepConfig, num_gpus: int, gpu: bool = True) -> CommModel:
@@ -113,39 +130,54 @@ def comm_model(cfg: StepConfig, num_gpus: int, gpu: bool = True) -> CommModel:
         return CommModel()
     P = n_params(cfg.spec)
     w = precision_bytes(cfg.precision)[0]
+    g = reduce_bytes(cfg)
     r = (num_gpus - 1) / num_gpus
     if cfg.strategy in ("ddp", "zero1"):
-        return CommModel(step_bytes=2 * r * P * w, exposed_bytes=r * P * w if cfg.strategy == "zero1" else 0.0)
+        return CommModel(step_bytes=2 * r * P * g, exposed_bytes=r * P * w if cfg.strategy == "zero1" else 0.0)
     gathers = 2 if cfg.strategy == "fsdp" else 1
-    return CommModel(micro_bytes=r * P * (gathers * _gathered_bytes(cfg.precision, gpu) + w))
+    return CommModel(micro_bytes=r * P * (gathers * _gathered_bytes(cfg.precision, gpu, cfg.fp8) + g))
 
 
-def _gathered_bytes(precision: str, gpu: bool) -> int:
-    """Bytes per all-gathered parameter under FSDP2 (bf16 with the runner's CUDA mixed-precision policy)."""
+def _gathered_bytes(precision: str, gpu: bool, fp8: bool = False) -> int:
+    """Bytes per all-gathered parameter under FSDP2: bf16 with the runner's CUDA mixed-precision policy, 1 with
+    FP8 all-gather (torchao's float8 FSDP all-gather, what FP8 runs use with FSDP), else the weight dtype."""
+    if gpu and fp8:
+        return 1
     return 2 if (gpu and precision == "bf16-autocast") else precision_bytes(precision)[0]  # type: ignore[arg-type]
 
 
-def exposed_seconds(cm: CommModel, bytes_per_s: float, compute: float, grad_accum: int) -> float:
+def exposed_seconds(cm: CommModel, bytes_per_s: float, compute: float, grad_accum: int,
+                    overlap: float = OVERLAP) -> float:
     """Communication time the step cannot hide: compute is the whole step's compute time."""
     if bytes_per_s <= 0:
         return 0.0
     out = cm.exposed_bytes / bytes_per_s
     if cm.step_bytes:
-        out += max(0.0, cm.step_bytes / bytes_per_s - OVERLAP * compute / grad_accum * (2.0 / 3.0))
+        out += _hidden_behind(cm.step_bytes / bytes_per_s, compute / grad_accum * (2.0 / 3.0), overlap)
     if cm.micro_bytes:
-        out += max(0.0, cm.micro_bytes * grad_accum / bytes_per_s - OVERLAP * compute)
+        out += _hidden_behind(cm.micro_bytes * grad_accum / bytes_per_s, compute, overlap)
     return out
 
 
-def link_bytes_per_s(hw: Hardware) -> float:
-    """Achieved per-GPU bandwidth of the data-parallel collectives (network across nodes)."""
+def _hidden_behind(comm: float, window: float, overlap: float) -> float:
+    """Exposed seconds of `comm` seconds of collectives run beside `window` seconds of compute: what exceeds the
+    window, plus (1 - overlap) of the overlapped part (NCCL kernels take SMs and memory bandwidth from the
+    compute they run beside, so overlapped communication is not free)."""
+    return max(0.0, comm - window) + (1.0 - overlap) * min(comm, window)
+
+
+def link_bytes_per_s(hw: Hardware, k: SpeedConstants = DEFAULT) -> float:
+    """Achieved per-GPU bandwidth of the data-parallel ring collectives (module docstring)."""
     prof = hw.profile
-    return (prof.inter_node_gb_s if hw.nodes > 1 else prof.intra_node_gb_s) * 1e9 * LINK_EFFICIENCY
+    nominal = prof.intra_node_gb_s
+    if hw.nodes > 1:
+        nominal = min(prof.intra_node_gb_s, hw.gpus_per_node * prof.inter_node_gb_s)
+    return nominal * 1e9 * k.link_efficiency
 
 
 def hbm_bytes_per_s(hw: Hardware) -> float:
     """Achieved memory bandwidth of one GPU for streaming element-wise kernels."""
-    return hw.profile.hbm_tb_s * 1e12 * HBM_EFFICIENCY
+    return hbm_rate(hw.profile)
 
 
 # ------------------------------------------------------------------ the loss, the optimizer, the micro-steps
@@ -232,48 +264,150 @@ def step_costs(spec: ModelSpec, precision: str, optimizer: str, strategy: str, d
                      micro_seconds=micro_bytes / hbm_bytes_s, launch_seconds=launch, n_layer=spec.n_layer)
 
 
-def micro_step_seconds(c: StepCosts, grad_accum: int, micro_tokens: int, loss_chunk_tokens: int, ac: bool) -> float:
+def micro_step_seconds(c: StepCosts, grad_accum: int, micro_tokens: int, loss_chunk_tokens: int, ac: bool,
+                       compiled: bool = True, n_checkpointed: int | None = None) -> float:
     """The step's per-micro-step costs: accumulation after the first micro-step, copies and launches on every one."""
-    kernels = (KERNELS_PER_MICRO_STEP + c.n_layer * (KERNELS_PER_LAYER + (KERNELS_PER_LAYER_RECOMPUTE if ac else 0))
+    n_ck = c.n_layer if (ac and n_checkpointed is None) else (n_checkpointed or 0)
+    per_layer = KERNELS_PER_LAYER if compiled else KERNELS_PER_LAYER_EAGER
+    kernels = (KERNELS_PER_MICRO_STEP + c.n_layer * per_layer + n_ck * KERNELS_PER_LAYER_RECOMPUTE
                + KERNELS_PER_LOSS_CHUNK * loss_chunks(micro_tokens, loss_chunk_tokens))
     return (grad_accum - 1) * c.accum_seconds + grad_accum * (c.micro_seconds + kernels * c.launch_seconds)
 
 
-def step_seconds_at(tp: Throughput, cm: CommModel, bytes_per_s: float, grad_accum: int, mfu: float) -> float:
-    """The step time of `tp` had it been estimated at another MFU (what calibrate inverts)."""
+def step_seconds_at(tp: Throughput, cm: CommModel, bytes_per_s: float, grad_accum: int, mfu: float,
+                    overlap: float = OVERLAP) -> float:
+    """The step time of `tp` had it been estimated at another flat MFU (what calibrate inverts)."""
     scale = tp.mfu / mfu
     compute = tp.compute_seconds * scale
-    exposed = exposed_seconds(cm, bytes_per_s, compute, grad_accum) if bytes_per_s > 0 else 0.0
+    exposed = exposed_seconds(cm, bytes_per_s, compute, grad_accum, overlap) if bytes_per_s > 0 else 0.0
     return compute + tp.optimizer_matmul_seconds * scale + tp.fixed_seconds + exposed
 
 
-def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None) -> Throughput:
+MFU_OVER_PEAK_NOTE = ("measured MFU above 100%: the profile's peak is below what this device did (or the PaLM FLOPs "
+                      "count the causal attention's masked half); shown as 100%, measure the peak and fix the profile")
+
+
+def measured_mfu(tokens_per_sec: float, flops_per_token: float, gpus: int, peak_flops_per_gpu: float) -> tuple[float, bool]:
+    """(model FLOPs utilisation clamped to 1, whether it was above 1). Never print an MFU above 100%: one above
+    is a wrong peak in the profile (or the PaLM count of a long causal attention), flagged by the second value."""
+    raw = tokens_per_sec * flops_per_token / (gpus * peak_flops_per_gpu)
+    return min(1.0, raw), raw > 1.0
+
+
+def flat_mfu(prof: HardwareProfile, n: int, mfu: float | None) -> float | None:
+    """The flat MFU that replaces the compute model, or None: an explicit --mfu, a calibrated curve, or a profile
+    without a speed section (CPU, user profiles) use the flat rule."""
+    if mfu is not None:
+        return mfu
+    if prof.mfu_curve or prof.speed is None:
+        return prof.mfu_for(n)
+    return None
+
+
+def peak_for(prof: HardwareProfile, precision: str, fp8: bool) -> float:
+    """The peak MFU is counted against: the FP8 peak when the blocks' matmuls run in FP8, else bf16 (or fp32)."""
+    if fp8 and prof.fp8_tflops and prof.kind == "gpu":
+        return prof.fp8_tflops * 1e12
+    return prof.peak_flops("fp32" if precision == "fp32" else "bf16")
+
+
+class StepModel:
+    """Step time of one (model, hardware, settings, strategy) at any micro-batch and checkpointing: what
+    `estimate_throughput` reports and what the search evaluates for every candidate (the same code)."""
+
+    def __init__(self, spec: ModelSpec, hw: Hardware, *, precision: str, optimizer: str, strategy: str,
+                 compiled: bool, loss_chunk_tokens: int, tokens_per_step: int, mfu: float | None = None,
+                 fp8: bool = False, reduce_dtype: str | None = None, ac_every: int = 1, ac_policy: str = "full",
+                 k: SpeedConstants = DEFAULT) -> None:
+        prof = hw.profile
+        self.spec, self.hw, self.k = spec, hw, k
+        self.g = hw.num_gpus
+        self.gpu = prof.kind == "gpu"
+        self.fp8 = bool(fp8 and self.gpu and prof.speed is not None and prof.speed.fp8_matmul_tflops)
+        self.precision, self.compiled, self.chunk = precision, compiled, loss_chunk_tokens
+        self.tokens = tokens_per_step
+        self.ac_every, self.ac_policy = ac_every, ac_policy
+        self.peak = peak_for(prof, precision, self.fp8)
+        self.flat = flat_mfu(prof, n_params(spec), mfu)
+        self._terms: dict[bool, ComputeTerms] = {}
+        self.costs = step_costs(spec, precision, optimizer, strategy, self.g, hbm_bytes_per_s(hw), self.gpu)
+        # the chunked loss's head recompute runs at the matmul rate (the flat rule: MFU × peak)
+        self.mm_rate = self.flat * self.peak if self.flat is not None else matmul_rate(prof, precision, False, k)
+        cfg = StepConfig(spec=spec, device_batch_size=1, dp=self.g, precision=precision,  # type: ignore[arg-type]
+                         strategy=strategy, fp8=self.fp8, reduce_dtype=reduce_dtype)  # type: ignore[arg-type]
+        self.cm = comm_model(cfg, self.g, gpu=self.gpu)
+        self.bw = link_bytes_per_s(hw, k) if self.g > 1 else 0.0
+
+    def terms(self, ac: bool) -> ComputeTerms:
+        t = self._terms.get(ac)
+        if t is None:
+            if self.flat is None:
+                t = compute_terms(self.spec, self.hw.profile, precision=self.precision, compiled=self.compiled,  # type: ignore[arg-type]
+                                  ac=ac, ac_every=self.ac_every, ac_policy=self.ac_policy, fp8=self.fp8, k=self.k)
+            else:
+                hw_flops = flops_per_token(self.spec) + recompute_flops_per_token(self.spec, ac, self.ac_every,
+                                                                                  self.ac_policy)
+                t = ComputeTerms(matmul=0.0, attention=0.0, elementwise=0.0, hw_flops=hw_flops)
+            self._terms[ac] = t
+        return t
+
+    def compute_seconds(self, b: int, ac: bool) -> tuple[float, float, ComputeTerms]:
+        """(compute seconds of the step, of which the chunked loss's recompute, the per-token terms)."""
+        t = self.terms(ac)
+        per_gpu = self.tokens / self.g
+        recompute = loss_recompute_flops_per_token(self.spec, b * self.spec.seq_len, self.chunk)
+        loss_s = per_gpu * recompute / self.mm_rate
+        if self.flat is not None:
+            return per_gpu * t.hw_flops / (self.flat * self.peak) + loss_s, loss_s, t
+        return per_gpu * t.total + loss_s, loss_s, t
+
+    def effective_mfu(self, b: int, ac: bool, compute: float) -> float:
+        """The flat MFU this compute time amounts to (model FLOPs + recompute over compute × peak)."""
+        if self.flat is not None:
+            return self.flat
+        per_gpu = self.tokens / self.g
+        recompute = loss_recompute_flops_per_token(self.spec, b * self.spec.seq_len, self.chunk)
+        return min(1.0, per_gpu * (self.terms(ac).hw_flops + recompute) / (compute * self.peak))
+
+    def optimizer_matmul_seconds(self, b: int, ac: bool, compute: float) -> float:
+        """Muon's Newton–Schulz matmuls, at the step's effective MFU (so a flat MFU reproduces the prior exactly)."""
+        if not self.costs.optimizer_flops:
+            return 0.0
+        return self.costs.optimizer_flops / (self.effective_mfu(b, ac, compute) * self.peak)
+
+    def seconds(self, b: int, accum: int, ac: bool) -> float:
+        compute = self.compute_seconds(b, ac)[0]
+        step = compute + self.optimizer_matmul_seconds(b, ac, compute) + self.costs.optimizer_fixed
+        step += micro_step_seconds(self.costs, accum, b * self.spec.seq_len, self.chunk, ac, self.compiled,
+                                   checkpointed_blocks(self.spec.n_layer, ac, self.ac_every))
+        if self.g > 1:
+            step += exposed_seconds(self.cm, self.bw, compute, accum, self.k.overlap)
+        return step
+
+
+def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
+                        k: SpeedConstants = DEFAULT) -> Throughput:
     spec = cfg.spec
     g = hw.num_gpus
-    prof = hw.profile
-    precision = "fp32" if cfg.precision == "fp32" else "bf16"
-    peak = prof.peak_flops(precision)
-    f_tok = flops_per_token(spec)
-    use_mfu = mfu if mfu is not None else prof.mfu_for(n_params(spec))
     micro_tokens = cfg.device_batch_size * spec.seq_len
     tokens = micro_tokens * g * cfg.grad_accum_steps
-    hw_flops = float(f_tok)
-    if cfg.activation_checkpointing:
-        hw_flops += f_tok / 3.0
-    recompute = loss_recompute_flops_per_token(spec, micro_tokens, cfg.loss_chunk_tokens)
-    compute = tokens * (hw_flops + recompute) / (g * use_mfu * peak)
-    gpu = prof.kind == "gpu"
-    costs = step_costs(spec, cfg.precision, cfg.optimizer, cfg.strategy, g, hbm_bytes_per_s(hw), gpu)
-    opt_matmul = costs.optimizer_flops / (use_mfu * peak)
-    optimizer = opt_matmul + costs.optimizer_fixed
-    micro = micro_step_seconds(costs, cfg.grad_accum_steps, micro_tokens, cfg.loss_chunk_tokens,
-                               cfg.activation_checkpointing)
-    bw = link_bytes_per_s(hw)
-    cm = comm_model(cfg, g, gpu=gpu)
-    comm = cm.total(cfg.grad_accum_steps) / bw if g > 1 else 0.0
-    exposed = exposed_seconds(cm, bw, compute, cfg.grad_accum_steps) if g > 1 else 0.0
-    return Throughput(mfu=use_mfu, peak_flops_per_gpu=peak, flops_per_token=f_tok, tokens_per_step=tokens,
+    sm = StepModel(spec, hw, precision=cfg.precision, optimizer=cfg.optimizer, strategy=cfg.strategy,
+                   compiled=cfg.compile, loss_chunk_tokens=cfg.loss_chunk_tokens, tokens_per_step=tokens, mfu=mfu,
+                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=cfg.ac_policy, k=k)
+    compute, loss_s, t = sm.compute_seconds(cfg.device_batch_size, cfg.activation_checkpointing)
+    step = sm.seconds(cfg.device_batch_size, cfg.grad_accum_steps, cfg.activation_checkpointing)
+    micro = micro_step_seconds(sm.costs, cfg.grad_accum_steps, micro_tokens, cfg.loss_chunk_tokens,
+                               cfg.activation_checkpointing, cfg.compile,
+                               checkpointed_blocks(spec.n_layer, cfg.activation_checkpointing, cfg.ac_every))
+    comm = sm.cm.total(cfg.grad_accum_steps) / sm.bw if g > 1 else 0.0
+    exposed = exposed_seconds(sm.cm, sm.bw, compute, cfg.grad_accum_steps, k.overlap) if g > 1 else 0.0
+    eff = sm.effective_mfu(cfg.device_batch_size, cfg.activation_checkpointing, compute)   # what calibrate scales
+    opt_mm = sm.optimizer_matmul_seconds(cfg.device_batch_size, cfg.activation_checkpointing, compute)
+    scale = tokens / g if sm.flat is None else 0.0
+    return Throughput(mfu=eff, peak_flops_per_gpu=sm.peak, flops_per_token=flops_per_token(spec), tokens_per_step=tokens,
                       compute_seconds=compute, comm_seconds=comm, exposed_comm_seconds=exposed,
-                      step_seconds=compute + optimizer + micro + exposed, optimizer_seconds=optimizer,
-                      optimizer_matmul_seconds=opt_matmul, micro_step_seconds=micro,
-                      loss_recompute_seconds=tokens * recompute / (g * use_mfu * peak))
+                      step_seconds=step, optimizer_seconds=opt_mm + sm.costs.optimizer_fixed,
+                      optimizer_matmul_seconds=opt_mm, micro_step_seconds=micro,
+                      loss_recompute_seconds=loss_s, matmul_seconds=scale * t.matmul,
+                      attention_seconds=scale * t.attention, elementwise_seconds=scale * t.elementwise)
+

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from planner.build import hardware_of, memory_of, rederive, step_config
 from planner.errors import PlanError
+from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory_terms import StepConfig
 from planner.plan import Plan, load_plan
 from planner.profiles import builtin_profiles
@@ -86,7 +87,7 @@ def plan_step_config(plan: Plan) -> StepConfig:
     return step_config(plan.request, plan.training.device_batch_size, hw.num_gpus)
 
 
-def check_plan(plan: Plan, path: str, *, headroom: float = 0.05, tracer: Tracer | None = None) -> PlanCheck:
+def check_plan(plan: Plan, path: str, *, headroom: float = DEFAULT_HEADROOM, tracer: Tracer | None = None) -> PlanCheck:
     """Re-derive `plan`, check it fits with `headroom`, and with a `tracer` hold it against a trace."""
     try:
         fresh, problems = rederive(plan)
@@ -146,7 +147,7 @@ def _add_trace(check: PlanCheck, t: Traced, fixed: int, frag: float) -> None:
                               f"{fmt_bytes(check.capacity_bytes)}")
 
 
-def validate_paths(paths: list[str], *, headroom: float = 0.05, tracer: Tracer | None = None) -> list[PlanCheck]:
+def validate_paths(paths: list[str], *, headroom: float = DEFAULT_HEADROOM, tracer: Tracer | None = None) -> list[PlanCheck]:
     """Load every plan first (a malformed one raises PlanError: exit 2), then check each."""
     if not 0 <= headroom < 1:
         raise PlanError("--headroom", f"must be in [0, 1), got {headroom}")

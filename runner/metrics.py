@@ -26,6 +26,7 @@ from typing import Any, TextIO
 
 from planner.errors import DuplicateKeyError, PlanError, strict_json_loads
 from planner.plan import atomic_write_text
+from planner.throughput import measured_mfu
 from runner.runfiles import MetricsRow, RunInfo, problem_of, read_json_file
 
 METRICS = "metrics.jsonl"
@@ -35,8 +36,9 @@ ENV_TENSORBOARD = "NANOPLAN_TENSORBOARD"
 
 
 def mfu(tokens_per_sec: float, flops_per_token: float, world_size: int, peak_flops_per_gpu: float) -> float:
-    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices."""
-    return tokens_per_sec * flops_per_token / (world_size * peak_flops_per_gpu)
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices, at most 1 (one above means
+    the profile's peak is wrong; planner.throughput.measured_mfu, calibrate flags it)."""
+    return measured_mfu(tokens_per_sec, flops_per_token, world_size, peak_flops_per_gpu)[0]
 
 
 MAX_LINE_WARNINGS = 3

@@ -3,7 +3,11 @@
 Parameter count equals planner.counts.n_params(spec) for every valid spec (tested).
 Attention is F.scaled_dot_product_attention(is_causal=True), so FlashAttention is used on
 CUDA. The loss can be computed in token chunks under activation checkpointing, so the fp32
-logits of the whole batch are never materialised at once (`loss_chunk_tokens`).
+logits of the whole batch are never materialised at once (`loss_chunk_tokens`). Activation checkpointing
+(torch.utils.checkpoint) covers every block, or every k-th (`ac_every`), in full or op-level with a policy
+(`ac_policy="selective-op"`: torchtitan's default, `create_selective_checkpoint_contexts`). Any style may tie
+its output head to the input embedding (`spec.tied`). FP8 matmuls are planned (planner/compute_model.py), not run:
+torchao's Float8Linear needs a GPU with FP8 tensor cores (SM89+), which no test machine here has.
 
 Under bf16 autocast the residual stream is bf16, as in nanochat: the embedding's output is cast
 once, and every block adds bf16 branch outputs to a bf16 stream. Norms still run in fp32 (CUDA
@@ -12,6 +16,8 @@ autocast), and the loss, the softmax and the optimizer's master weights stay fp3
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -122,13 +128,41 @@ def head_loss(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
     return F.cross_entropy(logits, targets, ignore_index=-1, reduction="sum")
 
 
+def _save_every_other_matmul() -> Any:
+    """A selective-checkpoint policy as torchtitan's "op" mode: save the outputs of attention and of every other
+    matmul (the 1st and 3rd of a block: qkv and fc), recompute the rest (planner/checkpointing.py)."""
+    import torch.utils.checkpoint as cp
+
+    aten = torch.ops.aten
+    matmuls = {aten.mm.default, aten.addmm.default}
+    attention = {op for name in ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                                 "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention")
+                 if hasattr(aten, name) for op in (getattr(aten, name).default,)}
+    counts = {"forward": 0, "recompute": 0}
+
+    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> Any:
+        if op in attention:
+            return cp.CheckpointPolicy.MUST_SAVE
+        if op in matmuls:
+            key = "recompute" if ctx.is_recompute else "forward"
+            counts[key] += 1
+            if counts[key] % 2 == 1:
+                return cp.CheckpointPolicy.MUST_SAVE
+        return cp.CheckpointPolicy.PREFER_RECOMPUTE
+
+    return cp.create_selective_checkpoint_contexts(policy)
+
+
 class GPT(nn.Module):
     def __init__(self, spec: ModelSpec, loss_chunk_tokens: int = 0,
-                 activation_checkpointing: bool = False, bf16_residual: bool = True) -> None:
+                 activation_checkpointing: bool = False, bf16_residual: bool = True,
+                 ac_every: int = 1, ac_policy: str = "full") -> None:
         super().__init__()
         self.spec = spec
         self.loss_chunk_tokens = loss_chunk_tokens
         self.activation_checkpointing = activation_checkpointing
+        self.ac_every = max(1, ac_every)      # checkpoint blocks k, 2k, ... (1-based), as torchtitan's ac_freq
+        self.ac_policy = ac_policy            # "full", or "selective-op": planner/checkpointing.py
         self.bf16_residual = bf16_residual
         self.wte = nn.Embedding(spec.vocab_size, spec.d_model)
         self.wpe = nn.Embedding(spec.seq_len, spec.d_model) if spec.pos == "learned" else None
@@ -170,9 +204,12 @@ class GPT(nn.Module):
                 and torch.get_autocast_dtype(dev) == torch.bfloat16):
             x = x.to(torch.bfloat16)           # the residual stream is bf16 under bf16 autocast
         rope = (self.rope_cos, self.rope_sin) if self.spec.pos == "rotary" else None
-        for block in self.blocks:
-            if self.activation_checkpointing and self.training:
-                x = checkpoint(block, x, rope, use_reentrant=False)
+        for i, block in enumerate(self.blocks, 1):
+            if self.activation_checkpointing and self.training and i % self.ac_every == 0:
+                if self.ac_policy == "selective-op":
+                    x = checkpoint(block, x, rope, use_reentrant=False, context_fn=_save_every_other_matmul)
+                else:
+                    x = checkpoint(block, x, rope, use_reentrant=False)
             else:
                 x = block(x, rope)
         return self.norm_f(x)
@@ -198,7 +235,9 @@ class GPT(nn.Module):
         return total / (t2 != -1).sum().clamp(min=1)
 
 
-def build_meta_model(spec: ModelSpec, loss_chunk_tokens: int = 0, activation_checkpointing: bool = False) -> nn.Module:
+def build_meta_model(spec: ModelSpec, loss_chunk_tokens: int = 0, activation_checkpointing: bool = False,
+                     ac_every: int = 1, ac_policy: str = "full") -> nn.Module:
     """The runner's GPT on the meta device: shapes only, no memory."""
     with torch.device("meta"):
-        return GPT(spec, loss_chunk_tokens=loss_chunk_tokens, activation_checkpointing=activation_checkpointing)
+        return GPT(spec, loss_chunk_tokens=loss_chunk_tokens, activation_checkpointing=activation_checkpointing,
+                   ac_every=ac_every, ac_policy=ac_policy)

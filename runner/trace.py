@@ -299,7 +299,8 @@ def run_traced_steps(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2,
     semantics = cuda_semantics() if kernels == "cuda" else contextlib.nullcontext()
     with FakeTensorMode() if fake else contextlib.nullcontext():
         model: nn.Module = GPT(spec, loss_chunk_tokens=cfg.loss_chunk_tokens,
-                               activation_checkpointing=cfg.activation_checkpointing)
+                               activation_checkpointing=cfg.activation_checkpointing, ac_every=cfg.ac_every,
+                               ac_policy=cfg.ac_policy)
         if cfg.precision == "bf16":               # as runner/train.py build_model
             for p in model.parameters():
                 p.data = p.data.to(torch.bfloat16)
@@ -367,7 +368,11 @@ def trace_memory(cfg: StepConfig, kernels: Kernels = "cuda", steps: int = 2, gra
         return sum(cats[k] - cats[k] // dp for k in SHARDED[cfg.strategy]) - extra
 
     tracker = _make_tracker(cut)
-    run_traced_steps(replace(cfg, strategy="ddp"), kernels=kernels, steps=steps, grad_clip=grad_clip, tracker=tracker)
+    # zero2/fsdp (FSDP2) have no DDP bucket: each micro-step reduce-scatters into sharded gradients, so they are
+    # traced as one rank without DDP, then divided
+    dp_traced = 1 if cfg.strategy in ("zero2", "fsdp") else cfg.dp
+    run_traced_steps(replace(cfg, strategy="ddp", dp=dp_traced), kernels=kernels, steps=steps, grad_clip=grad_clip,
+                     tracker=tracker)
     cats = dict(tracker.cut_categories)
     for k in SHARDED[cfg.strategy]:
         cats[k] //= dp

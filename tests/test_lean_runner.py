@@ -173,15 +173,16 @@ def test_zero1_is_the_default_on_one_node_where_it_costs_under_the_tolerance() -
     # pinned ddp is honoured
     pinned, why, _ = fit_model(spec, pinned_b, strategy="ddp", ac=None)
     assert pinned.training.strategy == "ddp" and why == []
-    # one GPU: nothing to shard; two nodes: the broadcast crosses the network and costs more than 1%
+    # one GPU: nothing to shard. Two nodes: a ring across nodes uses all 8 NICs of a node (400 GB/s, near
+    # NVLink's 450), so the broadcast still costs under 1% and zero1 stays the default
     assert fit_model(spec, {**_base("H100"), "device_batch_size": 16}, strategy=None, ac=None)[0].training.strategy \
         == "ddp"
     two = fit_model(spec, {**_base("2x8xH100"), "device_batch_size": 16}, strategy=None, ac=None)[0]
-    assert two.training.strategy == "ddp"
+    assert two.training.strategy == "zero1"
     cfg = StepConfig(spec=spec, device_batch_size=two.training.device_batch_size,
-                     grad_accum_steps=two.training.grad_accum_steps, dp=16, strategy="zero1")
+                     grad_accum_steps=two.training.grad_accum_steps, dp=16, strategy="ddp")
     hw = parse_gpu_spec("2x8xH100")
-    assert estimate_throughput(cfg, hw).step_seconds > two.throughput.step_seconds * (1 + SETTINGS_TOL)
+    assert two.throughput.step_seconds <= estimate_throughput(cfg, hw).step_seconds * (1 + SETTINGS_TOL)
 
 
 def test_the_search_prefers_zero1_within_the_tolerance() -> None:
@@ -219,7 +220,7 @@ def test_a_pinned_micro_batch_ddp_cannot_hold_is_run_with_zero1() -> None:
     base = {**_base("8xH100"), "device_batch_size": 8}
     plan, why, _ = fit_model(_depth(32), base, strategy=None, ac=False)
     assert (plan.training.strategy, plan.training.device_batch_size, plan.memory.fits) == ("zero1", 8, True)
-    assert why[0].startswith("d32 (1.88B params) does not fit with ddp: 84.92 GiB per GPU at micro-batch 8")
+    assert why[0].startswith("d32 (1.88B params) does not fit with ddp: 88.90 GiB per GPU at micro-batch 8")
     # checkpointing was turned off, so the sentence about ddp does not invoke it
-    assert why[1].startswith("ddp does not fit at all: even at micro-batch 8 it needs 84.92 GiB per GPU")
-    assert why[2].startswith("Chosen: zero1 at micro-batch 8 × 4 accumulation, 72.06 GiB of 75.15 GiB")
+    assert why[1].startswith("ddp does not fit at all: even at micro-batch 8 it needs 88.90 GiB per GPU")
+    assert why[2].startswith("Chosen: zero1 at micro-batch 8 × 4 accumulation, 75.43 GiB of 79.10 GiB")

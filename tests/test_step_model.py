@@ -57,7 +57,7 @@ def test_micro_step_costs_are_the_accumulation_bytes_and_launches() -> None:
     hw = parse_gpu_spec("8xH100")
     tp = estimate_throughput(cfg(depth=20, b=2, loss_chunk_tokens=0), hw)
     P = n_params(nanochat(20))
-    launches = 16 * (20 + 20 * 30) * 2e-6      # per micro-step: 20 + 30 per block, 2 µs each (assumptions)
+    launches = 16 * (20 + 20 * 80) * 2e-6      # per micro-step: 20 + 80 per eager block, 2 µs each (assumptions)
     assert tp.micro_step_seconds == pytest.approx(15 * 3 * 4 * P / H100_HBM + launches, rel=1e-12)
 
 

@@ -18,6 +18,7 @@ import pytest
 from benchmarks.public_runs.schema import load_runs
 from nanoplan.cli import main
 from planner.build import build_plan, hardware_of, memory_of
+from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory_terms import StepConfig
 from planner.plan import DEFAULT_TRAINER, PlanRequest, TrainerRef, load_plan, plan_hash, save_plan
 from planner.profiles import find_profile, parse_gpu_spec
@@ -147,8 +148,8 @@ def test_nanochat_d64_pcie_guide_says_why_none_fits(tmp_path: Path, capsys) -> N
     assert "weights, gradients and optimizer state alone are" in text
     assert "The deepest nanochat model that fits here is d" in text
     depth = int(text.split("The deepest nanochat model that fits here is d")[1].split()[0])
-    ok = nanochat_plan(depth, "8xH100-PCIe", 1, version="2026-07", headroom=0.05, device_batch_size=None)
-    over = nanochat_plan(depth + 2, "8xH100-PCIe", 1, version="2026-07", headroom=0.05, device_batch_size=None)
+    ok = nanochat_plan(depth, "8xH100-PCIe", 1, version="2026-07", headroom=DEFAULT_HEADROOM, device_batch_size=None)
+    over = nanochat_plan(depth + 2, "8xH100-PCIe", 1, version="2026-07", headroom=DEFAULT_HEADROOM, device_batch_size=None)
     assert ok.memory.fits and not over.memory.fits
     assert not load_plan(tmp_path / "d64.json").memory.fits
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from planner.build import build_plan
+from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.plan import PlanRequest, load_plan, save_plan
 from planner.profiles import find_profile
 from planner.spec import nanochat
@@ -53,7 +54,7 @@ def test_good_plan_exits_0_and_json_parses(good: Path) -> None:
     assert c["path"] == str(good) and c["fits"] is True and c["consistent"] is True and c["problems"] == []
     assert c["traced_peak_bytes"] is None
     assert c["analytic_peak_bytes"] > 0 and c["per_gpu_bytes"] == plan.memory.per_gpu_bytes
-    assert c["capacity_bytes"] == int(find_profile("CPU").usable_bytes * (1 - 0.05))
+    assert c["capacity_bytes"] == int(find_profile("CPU").usable_bytes * (1 - DEFAULT_HEADROOM))
     r = nanoplan(str(good))
     assert r.returncode == 0 and "all 1 plan(s) fit" in r.stdout
 

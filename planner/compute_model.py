@@ -1,0 +1,143 @@
+"""The compute of one token's forward and backward on one GPU, term by term (planner/throughput.py adds the rest).
+
+    seconds per token = matmul FLOPs / matmul rate + attention FLOPs / attention rate + element-wise bytes / HBM
+
+- matmul FLOPs: 6·N_matmul (PaLM, counts.matmul_params: the blocks' projections and the head), plus what
+  activation checkpointing re-runs (planner/checkpointing.py) and the chunked loss's head recompute. The rate is
+  the GPU's achievable dense matmul rate (profile `speed.matmul_tflops`: the MAMF, a cited measurement) ×
+  `matmul_efficiency`. With `fp8` the blocks' linears run at `speed.fp8_matmul_tflops` (torchao Float8Linear
+  converts the blocks' nn.Linear; the output head stays bf16, as torchtitan's float8 filter does). fp32 plans run
+  at TF32: the same efficiency against tf32_tflops.
+- attention FLOPs: what causal flash attention computes, 7·T·q per token and layer (forward 2·T·q, half of the
+  4·T·q score and value matmuls under the causal mask; backward 2.5 × forward: it recomputes the scores), plus
+  the forward again in a fully checkpointed block. Rate: the GPU's flash-attention rate (profile
+  `speed.attention_tflops`, cited: FlashAttention-2's published forward + backward TFLOP/s) × `attention_efficiency`.
+- element-wise work (norms, activations, residual adds, rotary, casts, the loss): memory-bound, at the profile's
+  HBM bandwidth × HBM_EFFICIENCY. A block moves `elementwise_eager` (eager) or `elementwise_compiled`
+  (torch.compile) bytes per byte it saves for backward (memory_eager.layer_activation_bytes,
+  memory_compiled.block_per_token): the saved tensors are what its kernels write, and read back in backward. The
+  loss's logit-wide passes are counted directly (`loss_bytes_per_token`); FP8's casts too (`fp8_cast_bytes`).
+
+Constants: planner/speed_constants.py (fitted on benchmarks/public_runs calibration rows).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.checkpointing import checkpointed_blocks, recompute_attention_share, recomputed_matmul_params
+from planner.counts import matmul_params, matrix_params
+from planner.memory_compiled import block_per_token
+from planner.memory_eager import layer_activation_bytes
+from planner.memory_terms import F32, Precision, dims, precision_bytes
+from planner.profiles import HardwareProfile
+from planner.spec import ModelSpec
+from planner.speed_constants import DEFAULT, SpeedConstants
+
+HBM_EFFICIENCY = 0.9     # achieved / nominal HBM bandwidth: device-to-device copies measured at 3.0 of 3.35 TB/s
+                         # on H100 and 4.3 of 4.8 TB/s on H200 (docs/sources.md §4)
+FP8_CAST_BYTES_EAGER = 6     # per element of a linear's input and of its output grad: amax (read 2), cast (read 2,
+FP8_CAST_BYTES_COMPILED = 4  # write 1), transposed fp8 copy for the weight grad (write 1); compiled, the amax is
+                             # fused into the producing kernel (torchao float8 tensorwise recipe)
+
+
+@dataclass(frozen=True, slots=True)
+class ComputeTerms:
+    """Seconds per token on one GPU, by term (recompute included)."""
+
+    matmul: float
+    attention: float
+    elementwise: float
+    hw_flops: float          # FLOPs per token the GPU executes in the PaLM count (model FLOPs + recompute)
+
+    @property
+    def total(self) -> float:
+        return self.matmul + self.attention + self.elementwise
+
+
+def hbm_rate(prof: HardwareProfile) -> float:
+    """Achieved memory bandwidth of one GPU for streaming element-wise kernels, bytes/s."""
+    return prof.hbm_tb_s * 1e12 * HBM_EFFICIENCY
+
+
+def matmul_rate(prof: HardwareProfile, precision: str, fp8: bool = False, k: SpeedConstants = DEFAULT) -> float:
+    """FLOP/s the step's matmuls reach: the profile's achievable rate × matmul_efficiency."""
+    if prof.speed is None:
+        raise ValueError(f"{prof.name} has no speed section")
+    eff = k.matmul_efficiency_ampere if prof.speed.architecture == "ampere" else k.matmul_efficiency
+    if fp8 and prof.speed.fp8_matmul_tflops:
+        return prof.speed.fp8_matmul_tflops * 1e12 * eff
+    base = prof.speed.matmul_tflops * 1e12 * eff
+    if precision == "fp32":
+        return base * prof.tf32_tflops / prof.bf16_tflops
+    return base
+
+
+def loss_bytes_per_token(spec: ModelSpec, precision: Precision, compiled: bool) -> float:
+    """HBM bytes of the loss's logit-wide element-wise passes, forward and backward, per token.
+
+    Eager (runner/model.py head_loss): bf16 logits → .float() → [softcap: ÷, tanh, ×] → log_softmax → nll, and
+    their backward: 3 activation-width and 8 fp32 accesses per logit, plus 16 fp32 ones for the softcap's three
+    ops. Compiled: one fused forward and one fused backward pass, reading the logits twice and writing their grad
+    (4 activation-width accesses)."""
+    a = precision_bytes(precision)[1]
+    V = spec.vocab_size
+    if compiled:
+        return 4.0 * a * V
+    return float(V * (3 * a + 8 * F32 + (16 * F32 if spec.logit_softcap is not None else 0)))
+
+
+def linear_widths(spec: ModelSpec) -> int:
+    """Σ (input width + output width) over one block's linears (fused qkv, attention projection, fc, MLP projection)."""
+    q, kv = spec.n_head * spec.head_dim, spec.n_kv_head * spec.head_dim
+    n_in = 2 if spec.mlp == "swiglu" else 1
+    d, f = spec.d_model, spec.d_ff
+    return (d + q + 2 * kv) + (q + d) + (d + n_in * f) + (f + d)
+
+
+def gemm_io_bytes(spec: ModelSpec, a: int) -> float:
+    """Bytes per token the GEMMs read and write besides their weights: each linear reads its input row and writes
+    its output row in the forward; the backward's two GEMMs read the output grad and write the input grad, and
+    read the input and the output grad (3 × a × (in + out) per linear; the head too)."""
+    return 3.0 * a * (spec.n_layer * linear_widths(spec) + spec.d_model + spec.vocab_size)
+
+
+def fp8_cast_bytes(spec: ModelSpec, compiled: bool) -> float:
+    """Bytes per token of FP8 casts for the blocks' linears: per element of each input and output width."""
+    return float(spec.n_layer * linear_widths(spec) * (FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER))
+
+
+@lru_cache(maxsize=8192)
+def _block_elementwise_bytes(spec: ModelSpec, precision: Precision, compiled: bool) -> int:
+    """Bytes one block saves per token: the basis of its element-wise traffic."""
+    if compiled:
+        return block_per_token(dims(spec, precision))
+    return layer_activation_bytes(spec, precision)
+
+
+def compute_terms(spec: ModelSpec, prof: HardwareProfile, *, precision: Precision, compiled: bool, ac: bool,
+                  ac_every: int = 1, ac_policy: str = "full", fp8: bool = False,
+                  k: SpeedConstants = DEFAULT) -> ComputeTerms:
+    """Seconds per token of one GPU's forward and backward (module docstring), without the chunked loss's
+    recompute (throughput.loss_recompute_flops_per_token, added per micro-batch)."""
+    L, T = spec.n_layer, spec.seq_len
+    q = spec.n_head * spec.head_dim
+    n_ck = checkpointed_blocks(L, ac, ac_every)
+    re_mm = 2.0 * n_ck * recomputed_matmul_params(spec, ac_policy) if n_ck else 0.0
+    head_mm = 6.0 * (matmul_params(spec) - matrix_params(spec))           # the output head (bf16 under fp8)
+    block_mm = 6.0 * matrix_params(spec) + re_mm
+    bf16_rate = matmul_rate(prof, precision, False, k)
+    mm_s = head_mm / bf16_rate + block_mm / matmul_rate(prof, precision, fp8, k)
+    attn_flops = L * 7.0 * T * q + n_ck * recompute_attention_share(ac, ac_policy) * 2.0 * T * q
+    attn_s = attn_flops / (prof.speed.attention_tflops * 1e12 * k.attention_efficiency)  # type: ignore[union-attr]
+    per_block = _block_elementwise_bytes(spec, precision, compiled)
+    elem = k.elementwise * per_block * (L + n_ck / 3.0)        # a re-run forward is about a third of a block's traffic
+    elem += loss_bytes_per_token(spec, precision, compiled)
+    if fp8:
+        elem += fp8_cast_bytes(spec, compiled)
+    elem_s = elem / hbm_rate(prof)
+    palm_attn = 12.0 * L * q * T
+    hw = 6.0 * matmul_params(spec) + re_mm + palm_attn + (n_ck * recompute_attention_share(ac, ac_policy)
+                                                           * 4.0 * T * q)
+    return ComputeTerms(matmul=mm_s, attention=attn_s, elementwise=elem_s, hw_flops=hw)

@@ -1,0 +1,84 @@
+"""The three-way fit verdict (planner/fit_verdict.py) and the sharded strategies' memory, against public outcomes
+and independent counts.
+
+- nanochat's own report (run1000.sh): d32 at micro-batch 16 runs out of memory on 8xH100, at 8 it fits; the d20 B32
+  speedrun ran at 73.66 GiB allocated and ran out of memory in another environment (issue 443): tight;
+- no public run that ran is refused and none that ran out of memory is called a fit (benchmarks/public_runs);
+- FSDP2 reduce-scatters every micro-step (runner/parallel.py): a sharded rank holds one 1/dp copy of the gradients
+  under accumulation, never DDP's bucket-and-fresh pair;
+- FSDP2's bf16 mixed precision gathers bf16 weights: no autocast copy of a block's weights is kept, which saves
+  exactly 2 bytes per block weight over the ddp step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.public_runs.adapter import predict
+from benchmarks.public_runs.schema import load_runs
+from planner.counts import n_params
+from planner.fit_verdict import ALLOC_CONF, capacity_bytes, verdict_for
+from planner.memory import allocated_peak, estimate
+from planner.memory_terms import StepConfig, block_weights, dims
+from planner.profiles import parse_gpu_spec
+from planner.spec import nanochat
+
+RUNS = {r.id: r for r in load_runs()}
+GiB = 2**30
+
+
+def test_three_answers_at_their_thresholds() -> None:
+    hw = parse_gpu_spec("8xH100")
+    prof = hw.profile
+    cap = capacity_bytes(hw)
+    assert cap == prof.usable_bytes - prof.overheads.cuda_context_bytes - prof.overheads.nccl_bytes
+    frag = prof.overheads.fragmentation
+    edge = int(cap / (1 + frag))
+    assert verdict_for(edge - 1, hw).verdict == "fits"
+    tight = verdict_for(edge + 10**6, hw)
+    assert tight.verdict == "tight" and ALLOC_CONF in tight.advice
+    assert verdict_for(cap, hw).verdict == "tight"
+    assert verdict_for(cap + 1, hw).verdict == "does not fit"
+    assert capacity_bytes(parse_gpu_spec("H100")) == cap + prof.overheads.nccl_bytes   # one GPU: no NCCL buffers
+
+
+def test_nanochat_d32_micro_batch_16_does_not_fit_and_8_does() -> None:
+    assert predict(RUNS["nanochat-d32-h100x8-b16-oom"]).verdict == "does not fit"
+    assert predict(RUNS["nanochat-d32-h100x8-b8"]).verdict == "fits"
+    ran, oom = predict(RUNS["nanochat-d20-h100x8-b32"]), predict(RUNS["nanochat-d20-h100x8-b32-jan26-oom"])
+    assert ran.verdict == oom.verdict == "tight"
+    assert ran.allocated == pytest.approx(75422.02 * 2**20, rel=0.02)      # nanochat's printed peak allocated
+
+
+@pytest.mark.parametrize("row", list(RUNS.values()), ids=lambda r: r.id)
+def test_no_public_run_gets_a_wrong_verdict(row) -> None:
+    p = predict(row)
+    assert p.verdict_ok, (row.outcome, p.verdict, p.verdict_detail)
+
+
+@pytest.mark.parametrize("strategy", ["zero2", "fsdp"])
+def test_sharded_gradients_are_one_sharded_copy_under_accumulation(strategy: str) -> None:
+    spec = nanochat(12)
+    w = 4
+    for accum in (2, 3, 8):
+        cfg = StepConfig(spec=spec, device_batch_size=2, grad_accum_steps=accum, dp=8, strategy=strategy,
+                         precision="fp32", loss_chunk_tokens=1024)
+        est = estimate(cfg)
+        assert est.breakdown["gradients"] <= n_params(spec) * w // 8 + 8, (accum, est.breakdown)
+        assert est.allocated_peak == allocated_peak(cfg)
+    ddp = estimate(StepConfig(spec=spec, device_batch_size=2, grad_accum_steps=3, dp=8, precision="fp32",
+                              loss_chunk_tokens=1024))
+    assert ddp.breakdown["gradients"] == 2 * n_params(spec) * w          # DDP's bucket and the fresh gradients
+
+
+def test_fsdp_mixed_precision_keeps_no_autocast_weight_copies() -> None:
+    spec = nanochat(12)
+    base = StepConfig(spec=spec, device_batch_size=4, dp=8, precision="bf16-autocast", loss_chunk_tokens=1024)
+    ddp = estimate(base)
+    fsdp = estimate(replace(base, strategy="fsdp"))
+    copies = spec.n_layer * 2 * block_weights(dims(spec, "bf16-autocast"))
+    assert ddp.phases["backward_start"] - fsdp.phases["backward_start"] >= copies
+    for c in (base, replace(base, strategy="fsdp"), replace(base, strategy="zero2")):
+        assert estimate(c).allocated_peak == allocated_peak(c)

@@ -162,7 +162,7 @@ def estimate(
         console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
                       f"{n_steps:,} steps", style="dim", highlight=False)
     if spec is None:
-        from planner.search import search_cli  # noqa: PLC0415
+        from planner.selection import search_cli  # noqa: PLC0415
 
         plan = search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
                           style=style, plan_path=plan_path, console=None if json_out else console, wide=wide)

@@ -49,7 +49,9 @@ from planner.memory_terms import (
     envelope_and_net,
     layers_peak,
     phase_envelopes,
+    shift_lines,
     to_line,
+    upper_envelope,
 )
 
 # --------------------------------------------------------------------------- saved tensors
@@ -282,10 +284,18 @@ def _loss_part(m: ModelBytes, mode: str, chunk: int, n_chunks_is_2: bool, shard:
 
 @lru_cache(maxsize=4096)
 def _block_part(m: ModelBytes, mode: str, ckpt: bool, shard: int) -> tuple[tuple[Line, ...], Line]:
-    """One block's backward from level 0: the envelope of its steps, and its net change."""
-    rec = _HoldRec(shard)
-    _block_walk(m, rec, 1j, mode, ckpt)
-    return envelope_and_net(rec)
+    """One block's backward from level 0: the envelope of its steps, and its net change.
+
+    With checkpointing the walk is the same backward on top of the block's recomputed forward
+    (`_block_walk`): every level shifted by its saved bytes, which it then frees with the block's input."""
+    if not ckpt:
+        rec = _HoldRec(shard)
+        _block_walk(m, rec, 1j, mode, False)
+        return envelope_and_net(rec)
+    env, net = _block_part(m, mode, False, shard)
+    saved = to_line(_block_saved(m, 1j))
+    return (upper_envelope([saved, *shift_lines(env, saved)]),
+            (net[0] + saved[0], net[1] + saved[1] - m.D.r * m.D.d))
 
 
 @lru_cache(maxsize=4096)

@@ -47,8 +47,9 @@ def runners_up_table(result: SearchResult, top: int, width: int | None = None) -
                      f"(winner and {len(rows) - 1} runners-up)", styles=["bold green"] + [None] * (len(rows) - 1))
 
 
-
 def nothing_fits(result: SearchResult) -> PlanError:
+    """The error when nothing fits: the smallest model at the smallest micro-batch with fsdp and
+    checkpointing still needs more than the capacity."""
     hw = result.hw
     small = min(result.models, key=n_params)
     cfg = StepConfig(spec=small, device_batch_size=result.micro_batches[-1],
@@ -60,7 +61,6 @@ def nothing_fits(result: SearchResult) -> PlanError:
     return PlanError("--gpu", f"no searched model fits on {hw.spec}: even {small.name} at micro-batch "
                      f"{cfg.device_batch_size} with fsdp + checkpointing needs {fmt_bytes(need)} > "
                      f"{fmt_bytes(result.capacity)} per GPU", "use more or bigger GPUs, a shorter --seq-len or a smaller --vocab-size")
-
 
 
 def _h(hours: float) -> str:

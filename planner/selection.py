@@ -69,7 +69,6 @@ def plan_for_best(result: SearchResult, base: dict[str, Any], plan_path: str = "
     raise nothing_fits(result)
 
 
-
 def settings_from(base: dict[str, Any]) -> Settings:
     return Settings(total_batch_tokens=base.get("total_batch_tokens", 524_288),
                     precision=base.get("precision", "bf16-autocast"), optimizer=base.get("optimizer", "adamw"),

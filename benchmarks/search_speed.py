@@ -37,9 +37,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     a = ap.parse_args()
 
+    from planner.candidates import Length, depth_ladder
     from planner.compare import DEFAULT_GPUS, compare
     from planner.profiles import parse_gpu_spec
-    from planner.search import Length, depth_ladder, search
+    from planner.selection import search
 
     stress_models = depth_ladder(depths=range(1, 161), seq_len=1024)
     h100 = parse_gpu_spec("H100")

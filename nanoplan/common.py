@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from planner.datameta import DataMeta, load_data_meta
+from typing import TYPE_CHECKING
+
 from planner.errors import PlanError
 from planner.profiles import HardwareProfile, load_profile_file, parse_gpu_spec
 from planner.spec import ModelSpec, preset, style_spec
 from planner.units import parse_count
+
+if TYPE_CHECKING:
+    from planner.datameta import DataMeta
 
 
 def resolve_model(*, depth: int | None, preset_name: str | None, style: str | None,
@@ -47,7 +51,11 @@ def resolve_profile(gpu: str, profile_file: str | None) -> HardwareProfile:
 
 
 def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta | None, int | None]:
-    meta = load_data_meta(data) if data else None
+    meta = None
+    if data:
+        from planner.datameta import load_data_meta  # noqa: PLC0415  (a pydantic model: only with --data)
+
+        meta = load_data_meta(data)
     toks = parse_count(dataset_tokens, "--dataset-tokens") if dataset_tokens else None
     if meta is not None and toks is None:
         toks = meta.train_tokens or None

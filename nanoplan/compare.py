@@ -57,9 +57,10 @@ def compare(
                                                           "node, 6h (default: each profile's)")] = None,
 ) -> None:
     """The best run for a budget (or hours) on each GPU configuration (help text in the decorator)."""
+    from planner.candidates import Length, Settings, depth_ladder  # noqa: PLC0415
     from planner.compare import FORMATS, parse_prices  # noqa: PLC0415
     from planner.compare import compare as run_compare  # noqa: PLC0415
-    from planner.search import OBJECTIVES, Length, Settings, depth_ladder  # noqa: PLC0415
+    from planner.ranking import OBJECTIVES  # noqa: PLC0415
 
     if format not in FORMATS:
         raise PlanError("--format", f"unknown format {format!r}", f"choose one of {', '.join(FORMATS)}")

@@ -21,7 +21,6 @@ from nanoplan.common import (
 )
 from planner.counts import n_params
 from planner.errors import PlanError
-from planner.fit import fit_model
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.plan import Plan, save_plan
 from planner.report import print_plan, verdict
@@ -200,11 +199,13 @@ def estimate(
         plan = spot_search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
                                style=style, plan_path=plan_path, console=None if json_out else console, wide=wide)
     elif spec is None:
-        from planner.search import search_cli  # noqa: PLC0415
+        from planner.selection import search_cli  # noqa: PLC0415
 
         plan = search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
                           style=style, plan_path=plan_path, console=None if json_out else console, wide=wide)
     else:
+        from planner.fit import fit_model  # noqa: PLC0415
+
         plan, why, _ = fit_model(spec, base, strategy=strategy, ac=ac, plan_path=plan_path)
         if why and not json_out:
             from rich.panel import Panel  # noqa: PLC0415

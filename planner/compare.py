@@ -1,6 +1,6 @@
 """`nanoplan compare`: the best run on each GPU configuration, side by side.
 
-Each configuration gets its own search (planner.search) at the same budget or hours. The
+Each configuration gets its own search (planner.selection.search) at the same budget or hours. The
 best row by the objective sets a reference job (its model and total tokens); every row is
 then also timed and priced on that job with its fastest fitting settings, which gives the
 "cheapest" and "fastest to a fixed token count" highlights and the cost-vs-time chart.
@@ -16,9 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from planner.candidates import Candidate, Length, Settings
 from planner.errors import PlanError
 from planner.profiles import Hardware, parse_gpu_spec
-from planner.search import VALUE_TOL, Candidate, Length, Settings, objective_key, search
+from planner.ranking import VALUE_TOL, objective_key
+from planner.selection import search
 from planner.spec import ModelSpec
 from planner.units import GiB, fmt_count
 

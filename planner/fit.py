@@ -15,22 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 from planner.build import build_plan, hardware_of, memory_of, step_config
+from planner.candidates import Candidate, SearchResult
+from planner.explain import min_memory, why_settings, zero1_sentence
 from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware
-from planner.search import (
-    SETTINGS_TOL,
-    Candidate,
-    SearchResult,
-    _min_memory,
-    length_from,
-    request_for,
-    search,
-    settings_from,
-    why_settings,
-    zero1_first,
-    zero1_sentence,
-)
+from planner.ranking import SETTINGS_TOL, zero1_first
+from planner.selection import length_from, request_for, search, settings_from
 from planner.spec import ModelSpec
 from planner.throughput import estimate_throughput
 from planner.units import fmt_bytes, fmt_count
@@ -144,7 +135,7 @@ def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[s
     ddp_fits = any(c.strategy == "ddp" for c in ranked)
     if not ddp_fits and "ddp" in result.strategies:
         ac_ = True in result.ac_options     # checkpointing, unless the user turned it off
-        need = _min_memory(best.spec, result, "ddp", ac_)
+        need = min_memory(best.spec, result, "ddp", ac_)
         out.append(f"ddp does not fit at all: even at micro-batch {b_min}{' with checkpointing' if ac_ else ''} it "
                    f"needs {fmt_bytes(need)} per GPU (every GPU holds the whole model, gradients and AdamW state).")
     out.append(f"Chosen: {best.settings_label} at micro-batch {best.device_batch} × {best.grad_accum} accumulation, "
@@ -163,7 +154,7 @@ def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[s
                 fitting.append(f"{name} at micro-batch {a.device_batch} ({fmt_bytes(a.mem_bytes)}, "
                                f"{a.tokens_per_sec / best.tokens_per_sec - 1:+.1%} tokens/s)")
             else:
-                failing.append(f"{name} {fmt_bytes(_min_memory(best.spec, result, st, ac))}")
+                failing.append(f"{name} {fmt_bytes(min_memory(best.spec, result, st, ac))}")
     if fitting:
         out.append("Also fit, but slower or more complex: " + "; ".join(fitting) + ".")
     if failing:

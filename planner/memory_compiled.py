@@ -49,7 +49,9 @@ from planner.memory_terms import (
     envelope_and_net,
     layers_peak,
     phase_envelopes,
+    shift_lines,
     to_line,
+    upper_envelope,
 )
 
 # --------------------------------------------------------------------------- saved tensors
@@ -271,6 +273,38 @@ def _fold(kinds: dict[str, int]) -> dict[str, int]:
 # --------------------------------------------------------------------------- the fast path
 
 
+@lru_cache(maxsize=4096)
+def _loss_part(m: ModelBytes, mode: str, chunk: int, n_chunks_is_2: bool, shard: int) -> tuple[tuple[Line, ...], Line]:
+    """The loss, head and final norm backward from level 0: envelope and net change (no checkpointing
+    dependence, so the search's settings share it, as planner.memory_eager's parts)."""
+    rec = _HoldRec(shard)
+    _loss_bw(m, rec, 1j, mode, chunk, 2 if n_chunks_is_2 else 3, chunk)
+    return envelope_and_net(rec)
+
+
+@lru_cache(maxsize=4096)
+def _block_part(m: ModelBytes, mode: str, ckpt: bool, shard: int) -> tuple[tuple[Line, ...], Line]:
+    """One block's backward from level 0: the envelope of its steps, and its net change.
+
+    With checkpointing the walk is the same backward on top of the block's recomputed forward
+    (`_block_walk`): every level shifted by its saved bytes, which it then frees with the block's input."""
+    if not ckpt:
+        rec = _HoldRec(shard)
+        _block_walk(m, rec, 1j, mode, False)
+        return envelope_and_net(rec)
+    env, net = _block_part(m, mode, False, shard)
+    saved = to_line(_block_saved(m, 1j))
+    return (upper_envelope([saved, *shift_lines(env, saved)]),
+            (net[0] + saved[0], net[1] + saved[1] - m.D.r * m.D.d))
+
+
+@lru_cache(maxsize=4096)
+def _embedding_part(m: ModelBytes, mode: str, shard: int) -> tuple[Line, ...]:
+    rec = _HoldRec(shard)
+    embedding_bw(m.D, rec, 1j, mode)
+    return envelope_and_net(rec)[0]
+
+
 @lru_cache(maxsize=16384)
 def profile(m: ModelBytes, ckpt: bool, chunk: int, n_chunks_is_2: bool, mode: str, base_grads: int,
             shard: int) -> tuple[tuple[str, tuple[Line, ...]], ...]:
@@ -278,13 +312,8 @@ def profile(m: ModelBytes, ckpt: bool, chunk: int, n_chunks_is_2: bool, mode: st
     fixed = m.params + m.buffers + m.optimizer_state
     level0 = to_line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j)
     forward = to_line(fixed + base_grads + saved_bytes(m, 1j, ckpt, chunk) + 2 * I64 * 1j + _loss_fw(m, 1j, chunk))
-    rec = _HoldRec(shard)
-    _loss_bw(m, rec, 1j, mode, chunk, 2 if n_chunks_is_2 else 3, chunk)
-    loss_env, loss_net = envelope_and_net(rec)
+    loss_env, loss_net = _loss_part(m, mode, chunk, n_chunks_is_2, shard)
     top = (level0[0] + loss_net[0], level0[1] + loss_net[1])
-    rec = _HoldRec(shard)
-    _block_walk(m, rec, 1j, mode, ckpt)
-    block_env, delta = envelope_and_net(rec)
-    rec = _HoldRec(shard)
-    embedding_bw(m.D, rec, 1j, mode)
-    return phase_envelopes(m, shard, forward, level0, loss_env, top, block_env, delta, envelope_and_net(rec)[0])
+    block_env, delta = _block_part(m, mode, ckpt, shard)
+    return phase_envelopes(m, shard, forward, level0, loss_env, top, block_env, delta,
+                           _embedding_part(m, mode, shard))

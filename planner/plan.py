@@ -7,7 +7,6 @@ a hand-edited or stale plan is caught (`nanoplan validate`).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import tempfile
@@ -400,6 +399,8 @@ def plan_doc(plan: Plan) -> dict[str, Any]:
 
 def doc_sha(doc: Any) -> str:
     """sha256 of a JSON document's canonical form (sorted keys, no spaces)."""
+    import hashlib  # noqa: PLC0415  (only plans that are hashed pay for it)
+
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 

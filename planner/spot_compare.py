@@ -8,11 +8,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from planner.candidates import Length, Settings
 from planner.errors import PlanError
 from planner.plan import Plan, SpotRequest
 from planner.profiles import parse_gpu_spec
+from planner.ranking import objective_key
 from planner.scaling import predicted_loss
-from planner.search import Length, Settings, objective_key
 from planner.spec import ModelSpec
 from planner.spot_report import usd
 from planner.spot_search import spot_search

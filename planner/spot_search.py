@@ -1,6 +1,6 @@
 """The search on spot GPUs: models ranked on the training the budget buys after the interruptions.
 
-planner.search ranks models at equal spend from a price per hour. On spot GPUs part of every paid
+planner.selection ranks models at equal spend from a price per hour. On spot GPUs part of every paid
 hour goes to lost work, restarts and checkpoint writes, so the search is run twice: once at the
 spot price, which gives a winner whose spot plan (planner/spot_plan.py) says what fraction of the
 cap its steps fill at the plan's quantile; then at the spot price divided by that fraction, so
@@ -14,10 +14,12 @@ from dataclasses import replace
 from typing import Any
 
 from planner.build import build_plan
+from planner.candidates import Candidate, Length, SearchResult
 from planner.errors import PlanError
+from planner.explain import nothing_fits
 from planner.plan import Plan
 from planner.profiles import Hardware
-from planner.search import Candidate, Length, SearchResult, nothing_fits, request_for, search, settings_from
+from planner.selection import request_for, search, settings_from
 from planner.spec import ModelSpec
 from planner.spot_plan import spot_cluster
 
@@ -84,7 +86,8 @@ def spot_search_cli(base: dict[str, Any], *, objective: str = "loss", top: int =
                     vocab_size: int | None = None, style: str | None = None, plan_path: str = "plan.json",
                     console: Any = None, wide: bool = False) -> Plan:
     """`nanoplan estimate --spot` with no model: search, print the runners-up and reasons, return the plan."""
-    from planner.search import depth_ladder, explain, runners_up_table  # noqa: PLC0415
+    from planner.candidates import depth_ladder  # noqa: PLC0415
+    from planner.explain import explain, runners_up_table  # noqa: PLC0415
 
     if top < 0:
         raise PlanError("--top", f"must be >= 0, got {top}")

@@ -11,9 +11,10 @@ import sys
 import pytest
 
 from nanoplan.cli import main
+from planner.candidates import Length, Settings, depth_ladder
 from planner.compare import compare, pareto
 from planner.profiles import parse_gpu_spec
-from planner.search import Length, Settings, depth_ladder, search
+from planner.selection import search
 from planner.spec import nanochat, preset
 from planner.units import fmt_count
 from tests.errlines import error_and_hint

@@ -14,12 +14,14 @@ import torch
 
 from nanoplan.common import resolve_model, resolve_profile
 from planner.build import build_plan
+from planner.candidates import Length, Settings
 from planner.fit import fit_model
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, estimate
 from planner.memory_terms import StepConfig, residual_bytes
 from planner.plan import PlanRequest
 from planner.profiles import parse_gpu_spec
-from planner.search import SETTINGS_TOL, Length, Settings, search
+from planner.ranking import SETTINGS_TOL
+from planner.selection import search
 from planner.spec import style_spec
 from planner.throughput import estimate_throughput
 from runner.model import GPT

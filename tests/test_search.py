@@ -12,23 +12,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.build import batch_choices, build_plan, fits, memory_of
+from planner.candidates import Candidate, Length, Settings, depth_ladder
+from planner.explain import explain
 from planner.memory_terms import StepConfig
 from planner.plan import PlanRequest, load_plan
 from planner.profiles import find_profile, parse_gpu_spec
+from planner.ranking import OBJECTIVES, SETTINGS_TOL, rank_key
 from planner.scaling import chinchilla_distance, predicted_loss
-from planner.search import (
-    OBJECTIVES,
-    SETTINGS_TOL,
-    Candidate,
-    Length,
-    Settings,
-    depth_ladder,
-    explain,
-    plan_for_best,
-    rank_key,
-    search,
-    search_cli,
-)
+from planner.selection import plan_for_best, search, search_cli
 from planner.spec import gpt2, llama, nanochat
 from planner.throughput import estimate_throughput
 from tests.errlines import error_and_hint
@@ -150,7 +141,7 @@ def brute_force(budget: float) -> list[tuple]:
 @pytest.mark.parametrize("budget", [5.0, 200.0])
 def test_each_objective_matches_brute_force(budget) -> None:
     rows = brute_force(budget)
-    simple = {"zero1": 0, "ddp": 1, "zero2": 2, "fsdp": 3}   # 8 GPUs: zero1 first among ties (search.MULTI_GPU_RANK)
+    simple = {"zero1": 0, "ddp": 1, "zero2": 2, "fsdp": 3}   # 8 GPUs: zero1 first among ties (ranking.MULTI_GPU_RANK)
     key_of = {
         "loss": lambda p: (predicted_loss(p.model.n_params, p.schedule.total_tokens),),
         "max-model": lambda p: (-p.model.n_params, -p.schedule.total_tokens, p.throughput.step_seconds),
@@ -330,7 +321,8 @@ def test_explain_has_numbers() -> None:
 
 
 def test_value_named_when_much_cheaper() -> None:
-    from planner.search import MUCH_CHEAPER, VALUE_TOL
+    from planner.explain import MUCH_CHEAPER
+    from planner.ranking import VALUE_TOL
 
     hw = parse_gpu_spec("8xH100")
     # fixed steps: every model sees the same tokens, and a smaller one is within 0.5% for much less

@@ -67,6 +67,21 @@ def test_fast_path_equals_estimate() -> None:
         assert allocated_peak(cfg) == estimate(cfg).allocated_peak, cfg
 
 
+def test_compiled_fast_path_equals_estimate() -> None:
+    """The same for the compiled step (GPU plans), whose fast path shares its walk's parts between settings."""
+    rng = random.Random(1)
+    for _ in range(400):
+        cfg = StepConfig(
+            spec=style_spec(rng.choice(["nanochat", "gpt2", "llama"]), rng.choice([2, 8, 20, 32]),
+                            rng.choice([256, 2048]), rng.choice([512, 50257, 65536])),
+            device_batch_size=rng.choice([1, 3, 8, 32]), grad_accum_steps=rng.choice([1, 2, 3]),
+            dp=rng.choice([1, 8]), precision=rng.choice(["bf16-autocast", "bf16", "fp32"]),
+            optimizer=rng.choice(["adamw", "muon"]), strategy=rng.choice(["ddp", "zero1", "zero2", "fsdp"]),
+            activation_checkpointing=rng.random() < 0.5, loss_chunk_tokens=rng.choice([0, 1000, 4096]),
+            compile=True)
+        assert allocated_peak(cfg) == estimate(cfg).allocated_peak, cfg
+
+
 def test_layer_bytes_per_token_nanochat() -> None:
     # bf16-autocast, CUDA semantics: 64·d bytes per token for a nanochat block (d = 64·depth,
     # f = 4d): residuals 8d, norm casts 4d, qkv 6d, qk-norm fp32 inputs 8d and bf16 copies 4d,

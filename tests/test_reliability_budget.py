@@ -317,6 +317,13 @@ def trial_processes(trial: Path) -> list[int]:
     return [p for p in {*pids, *parents} if p > 1 and _alive(p)]
 
 
+def kill_trial_processes(trial: Path) -> None:
+    """Whatever is left of a trial (only when the test fails: nothing must be)."""
+    for pid in trial_processes(trial):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def wait_trial_workers(trial: Path, proc: subprocess.Popen) -> list[int]:
     """Wait until both workers of the trial run (they hang in their first step: NANOPLAN_PROBE_FAULT)."""
     wait_for(lambda: len(trial_processes(trial)) == 3 or proc.poll() is not None, timeout=120,
@@ -342,7 +349,6 @@ def test_run_probe_takes_the_lock_first_is_recorded_and_its_trials_die_with_it(t
     trial = run / "probe" / "trials" / "b1"
     t_a = time.monotonic()
     a = start("run", str(plan), "--probe", "--run-dir", str(run), env=HANG)
-    procs = []
     try:
         procs = wait_trial_workers(trial, a)
         (rec,) = ledger.read_ledger(run)                  # recorded before the probe started its trial
@@ -364,9 +370,7 @@ def test_run_probe_takes_the_lock_first_is_recorded_and_its_trials_die_with_it(t
         wait_for(lambda: not trial_processes(trial), timeout=30, what="the trial to die with its launcher")
     finally:
         kill_tree(a)
-        for pid in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_trial_processes(trial)
     (rec,) = ledger.read_ledger(run)
     assert rec["state"] == "running" and d_a - 1.0 <= rec["spent_s"] <= d_a + ledger.PREPAID_S, (rec, d_a)
     print(f"second launch refused in {took_b:.2f} s")
@@ -381,6 +385,7 @@ def test_run_probe_takes_the_lock_first_is_recorded_and_its_trials_die_with_it(t
         wait_for(lambda: not trial_processes(trial), timeout=30, what="the trial to stop")
     finally:
         kill_tree(c)
+        kill_trial_processes(trial)
     assert c.returncode == 130, err[-3000:]
     assert [x for x in err.splitlines() if x.startswith("error:")] == [
         "error: interrupted by SIGTERM before the launch; nothing was started"], err[-3000:]
@@ -403,6 +408,7 @@ def test_probe_trials_die_with_a_probe_closed_by_sighup(tmp_path, tiny_data) -> 
         wait_for(lambda: not trial_processes(pdir / "trials" / "b1"), timeout=30, what="the trial to stop")
     finally:
         kill_tree(p)
+        kill_trial_processes(pdir / "trials" / "b1")
     assert p.returncode == 130, err[-3000:]
     assert [x for x in err.splitlines() if x.startswith("error:")] == [
         "error: interrupted by SIGHUP during the probe; its trial was stopped"], err[-3000:]

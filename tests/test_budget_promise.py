@@ -6,8 +6,8 @@ One seeded scenario runs in CI (NANOPLAN_PROMISE_SEED picks another; NANOPLAN_PR
 budget). Each launch is a real `nanoplan run --probe` (2 CPU workers over gloo under torchrun): the
 first probes the plan, and is killed with -9 while it trains, either its launcher alone (torchrun and
 the workers then checkpoint and stop on their own: orphans) or every process; the second is stopped
-(SIGSTOP of every process) for a few seconds and then killed the other way; the third runs to the
-deadline; a fourth, on the spent run, must start nothing. A launch's real time runs from its start
+(SIGSTOP of every process) for a few seconds and then killed the other way; the third is stopped too,
+and then runs to the deadline; a fourth, on the spent run, must start nothing. A launch's real time runs from its start
 until the last of its processes is gone, orphans included.
 """
 
@@ -36,6 +36,8 @@ pytestmark = pytest.mark.slow
 SEED = int(os.environ.get("NANOPLAN_PROMISE_SEED", "22"))
 BUDGET_S = float(os.environ.get("NANOPLAN_PROMISE_BUDGET_S", "60"))
 PEAK_LR = 3e-3                  # tests.conftest.make_tiny_plan's lr
+KEEP_FOR_LAST = 0.45            # the second launch's pauses and stall shrink to leave this share to the last one
+ROOM_AFTER_STALL_S = 8.0        # the last launch's stall leaves this much budget to train and warm down in
 
 
 class Launch:
@@ -83,6 +85,13 @@ class Launch:
             except ProcessLookupError:
                 pass
 
+    def stall(self, seconds: float) -> float:
+        """SIGSTOP of every process of the launch for `seconds` (a paused machine), then SIGCONT."""
+        self.signal_all(signal.SIGSTOP)
+        time.sleep(seconds)
+        self.signal_all(signal.SIGCONT)
+        return seconds
+
     def wait_gone(self, timeout: float = 120) -> float:
         """Wait until every process of the launch is gone and the run dir's locks are free; its real time."""
         wait_for(lambda: not self.live() and runlock.probe(self.run, runlock.LAUNCH_LOCK) is None
@@ -94,6 +103,11 @@ class Launch:
     def kill(self) -> None:
         self.signal_all(signal.SIGKILL)
         self.proc.wait(timeout=30)
+
+
+def left(run: Path) -> float:
+    """Budget seconds the run's records leave now (the live launch's record counts a beat ahead)."""
+    return BUDGET_S - max((r["carried_s"] + r["spent_s"] for r in ledger.read_ledger(run)), default=0.0)
 
 
 def segments(run: Path) -> int:
@@ -125,23 +139,26 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
         second = Launch(plan, run)                        # stalled, then killed
         launches.append(second)
         second.first_row(segments(run))
-        time.sleep(rng.uniform(0.5, 2.0))
-        stall = rng.uniform(2.0, 4.0)
-        second.signal_all(signal.SIGSTOP)
-        time.sleep(stall)
-        second.signal_all(signal.SIGCONT)
-        time.sleep(rng.uniform(0.5, 2.0))
+        waits = [rng.uniform(0.5, 2.0), rng.uniform(2.0, 4.0), rng.uniform(0.5, 2.0)]   # pause, stall, pause
+        fit = min(1.0, max(0.0, left(run) - KEEP_FOR_LAST * BUDGET_S) / sum(waits))      # a slow machine: shorter
+        time.sleep(waits[0] * fit)
+        stall = second.stall(waits[1] * fit)
+        time.sleep(waits[2] * fit)
         second.signal_all(signal.SIGKILL, launcher_only=kinds[1] == "launcher")
         real.append(second.wait_gone())
         log.append(f"2: stall of {stall:.1f} s, kill -9 of {kinds[1]} at {real[-1]:.1f} s")
 
-        third = Launch(plan, run)                         # to the deadline
+        third = Launch(plan, run)                         # stalled, then on to the deadline
         launches.append(third)
         start_up = third.first_row(segments(run))
+        pause, stall3 = rng.uniform(0.5, 2.0), rng.uniform(2.0, 4.0)
+        time.sleep(pause)
+        # a stall that eats the rest of the budget cannot be made good: leave room to warm down after it
+        stall3 = third.stall(min(stall3, max(0.0, left(run) - ROOM_AFTER_STALL_S)))
         third.proc.wait(timeout=BUDGET_S * 2)
         real.append(third.wait_gone())
         assert third.proc.returncode == 0, third.proc.stderr.read()[-3000:]
-        log.append(f"3: start-up {start_up:.1f} s, to the deadline in {real[-1]:.1f} s")
+        log.append(f"3: start-up {start_up:.1f} s, stall of {stall3:.1f} s, to the deadline in {real[-1]:.1f} s")
         counted = ledger.read_ledger(run)[-1]
 
         segs = segments(run)
@@ -168,5 +185,6 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
     rows = read_metrics(run)
     last = [r for r in rows if r["segment"] == rows[-1]["segment"]]
     assert stop["reason"] in ("deadline", "total_steps") and stop["step"] == last[-1]["step"], stop
+    assert stop["elapsed_hours"] * 3600 >= BUDGET_S - 5.0, stop       # the budget was used, stalls or not
     assert last[-1]["lr"] <= 0.1 * PEAK_LR, [(r["step"], r["lr"]) for r in last[-10:]]   # the warmdown ended
     assert all(b["lr"] <= a["lr"] * (1 + 1e-9) for a, b in zip(last, last[1:], strict=False)), "the LR rose"

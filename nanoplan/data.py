@@ -67,6 +67,9 @@ def prepare_data(
     m = res.meta
     nbytes = m.source_bytes or 0
     console = Console(highlight=False)
+    if res.removed_stale[0]:
+        err.print(f"note: removed {res.removed_stale[0]} temporary file(s) ({decimal(res.removed_stale[1])}) left in "
+                  f"{out} by a prepare-data that was killed", highlight=False, soft_wrap=True)
     console.print(f"tokenizer {m.tokenizer}, vocab {m.vocab_size:,}, dtype {m.dtype}")
     console.print(f"train {m.train_tokens:,} tokens, val {m.val_tokens:,} tokens "
                   f"({m.val_tokens / max(1, m.train_tokens + m.val_tokens):.2%}) from {len(m.sources)} file(s)")

@@ -1,6 +1,8 @@
 """`nanoplan probe PLAN.json`: measure the plan on this machine, then write a corrected plan.
 
-torch runs only inside the trials (runner/probe_worker.py under torchrun).
+torch runs only inside the trials (runner/probe_worker.py under torchrun). Exit codes: 0 done, 2 bad
+input, 4 a place the probe writes cannot be written (checked before the first trial), 130 stopped by
+SIGTERM, SIGINT or SIGHUP (the running trial is stopped too; a trial also dies with a probe killed -9).
 """
 
 from __future__ import annotations
@@ -94,11 +96,21 @@ def probe(
     json_out: Annotated[bool, Opt("--json", help="Print probe.json instead of the tables")] = False,
 ) -> None:
     """Measure a plan on this machine (it and its neighbouring micro-batches), then write a corrected plan."""
+    from runner.launcher import StopRequests  # noqa: PLC0415
+    from runner.probe import ProbeWriteError  # noqa: PLC0415
     from runner.probe import probe as run_probe  # noqa: PLC0415
 
     log = (lambda s: None) if json_out else typer.echo
-    res = run_probe(plan_path, out=out, work_dir=dir, data=data, warmup=warmup, steps=steps,
-                    trial_timeout_s=trial_timeout, timeout_s=timeout, force=force, log=log)
+    # SIGTERM, SIGINT and SIGHUP stop the probe with one line (exit 130), its running trial with it
+    stops = StopRequests("during the probe; its trial was stopped")
+    try:
+        res = run_probe(plan_path, out=out, work_dir=dir, data=data, warmup=warmup, steps=steps,
+                        trial_timeout_s=trial_timeout, timeout_s=timeout, force=force, log=log)
+    except ProbeWriteError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(4) from None
+    finally:
+        stops.restore()
     if json_out:
         typer.echo(json.dumps(res.report, indent=2))
         return

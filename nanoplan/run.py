@@ -1,10 +1,17 @@
 """`nanoplan run PLAN.json`: re-validate the plan, preflight, then run it with torchrun.
 
+Before anything is spawned: a spent budget ends the command at once (`nothing to do`, exit 0;
+read-only, before the preflight), the run dir is locked (a second launch: exit 2), links among its
+managed paths are refused (exit 2), and the launch is recorded in RUN_DIR/launches.json (exit 4 if
+it cannot be). With --probe the probe runs after all of these, so it is locked, recorded and
+charged once (by the launch's clock), then the probed plan is preflighted and run.
+
 Nothing here imports torch at import time; the preflight imports it only to count GPUs.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
 import uuid
 from typing import TYPE_CHECKING, Annotated, Optional
@@ -17,7 +24,10 @@ from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
 if TYPE_CHECKING:
-    from runner.launcher import StopRequests
+    from pathlib import Path
+
+    from planner.plan import Plan
+    from runner.launcher import Launch, StopRequests
 
 Opt = typer.Option
 
@@ -64,7 +74,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
          t0: float, stops: StopRequests | None) -> None:
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
-    from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
+    from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
     from runner.launcher import Launch, LaunchWriteError, build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
@@ -93,28 +103,112 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         if bad:
             raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad, f"pass --run-dir {plan.launch.run_dir} to use it anyway")
     rdir = run_dir or plan.launch.run_dir
-    if probe:
-        from nanoplan.probe import print_probe  # noqa: PLC0415
-        from runner.probe import PROBED_PLAN, probe_for_run  # noqa: PLC0415
+    if dry_run:
+        if probe:
+            from runner.probe import PROBED_PLAN  # noqa: PLC0415
 
-        if dry_run:
             typer.echo(f"# --probe: nanoplan probe {plan_path} --out {rdir}/{PROBED_PLAN} --dir {rdir}/probe, then:")
             plan_path = f"{rdir}/{PROBED_PLAN}"
-        else:
-            probed, res = probe_for_run(plan_path, rdir, data=data, force=force, log=typer.echo)
-            if res is not None:
-                print_probe(res)
-            plan_path, plan = str(probed), load_plan(probed)
-    cmd = build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
-                        max_restarts=max_restarts, data=data, resume=resume, force=force)
-    if dry_run:
-        typer.echo(shlex.join(cmd))
+        typer.echo(shlex.join(build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank,
+                                            rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts, data=data,
+                                            resume=resume, force=force)))
         return
     from pathlib import Path  # noqa: PLC0415
 
+    from planner.plan import plan_hash  # noqa: PLC0415
+    from runner.ledger import spent_before_s  # noqa: PLC0415
+    from runner.preflight import check_run_dir_contained  # noqa: PLC0415
+
+    rpath, source = Path(rdir), plan_hash(plan)
+    launch = Launch(rpath, node_rank=node_rank, plan_hash=source, launch_id=uuid.uuid4().hex, t0=t0,
+                    scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0)   # one id, the same in every torchrun restart
+    if not probe:
+        quick = rpath.is_dir() and not check_run_dir_contained(rpath) and spent_before_s(rpath, source, metrics=False)
+        if quick and _done(rpath, plan, quick, launch):
+            return                 # a spent run: one line, before the preflight (read-only, no lock, no link)
+        _preflight(plan, plan_path, rpath, data, resume, force)
+    launch.acquire()               # exit 2 if another live process holds the run dir (before any --probe trial)
+    try:
+        bad = check_run_dir_contained(rpath)     # never through a link, whatever --force says
+        if bad:
+            raise PlanError("preflight", bad, "remove the link, or pass the real directory as --run-dir")
+        also: tuple[str, ...] = ()
+        resumable = None
+        if probe:
+            from runner.probe import probed_plan_to_resume  # noqa: PLC0415
+
+            resumable = probed_plan_to_resume(rpath)
+            if resumable is not None:
+                plan_path, plan, also = str(resumable), load_plan(resumable), (source,)
+                launch.plan_hash = plan_hash(plan)
+        carried = launch.carried_s(also)
+        if _done(rpath, plan, carried, launch, also):
+            return
+        try:
+            launch.start(source_hash=source, also=also, carried_s=carried)   # recorded before anything is spawned
+        except LaunchWriteError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(4) from None
+        if probe:
+            plan_path, plan = _probe(plan_path, plan, rdir, data, force, launch, resumable)
+            _preflight(plan, plan_path, rpath, data, resume, force)
+        cmd = build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
+                            max_restarts=max_restarts, data=data, resume=resume, force=force)
+        typer.echo(f"launching: {shlex.join(cmd)}", err=True)
+        env = launch_env(plan)
+        env[ENV_LAUNCH_ID] = launch.id
+        env[ENV_LAUNCH_T0] = repr(t0)
+        env[ENV_LAUNCH_PID] = str(os.getpid())
+        rc = run_torchrun(cmd, env, rdir, stops=stops, pass_fds=launch.pass_fds())
+        launch.finish("ended")
+    except BaseException:
+        launch.finish("interrupted" if stops is not None and stops.names else "failed")
+        raise
+    finally:
+        launch.release()
+    if rc:
+        raise typer.Exit(rc)
+
+
+def _done(rpath: Path, plan: Plan, carried: float, launch: Launch, also: tuple[str, ...] = ()) -> bool:
+    """True (after one line) when this launch would train nothing because its budget is spent (runner.ledger)."""
+    from runner.ledger import nothing_to_do  # noqa: PLC0415
+
+    why = nothing_to_do(rpath, plan, carried, launch.spent_s(), also)
+    if why:
+        typer.echo(f"nothing to do: {why}; nothing was started", err=True)
+    return why is not None
+
+
+def _probe(plan_path: str, plan: Plan, rdir: str, data: str | None, force: bool, launch: Launch,
+           resumable: Path | None) -> tuple[str, Plan]:
+    """`--probe`: the probed plan to run (a new probe unless RUN_DIR holds checkpoints of one); exit 4 on a failed write."""
+    from planner.plan import load_plan, plan_hash  # noqa: PLC0415
+
+    if resumable is not None:
+        typer.echo(f"probe: {rdir} holds checkpoints of {resumable}; resuming it without a new probe")
+        return str(resumable), plan
+    from nanoplan.probe import print_probe  # noqa: PLC0415
+    from runner.probe import ProbeWriteError, probe_for_run  # noqa: PLC0415
+
+    try:
+        probed, res = probe_for_run(plan_path, rdir, data=data, force=force, log=typer.echo)
+    except ProbeWriteError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(4) from None
+    if res is not None:
+        print_probe(res)
+    new = load_plan(probed)
+    launch.ran_plan(plan_hash(new))
+    return str(probed), new
+
+
+def _preflight(plan: Plan, plan_path: str, rpath: Path, data: str | None, resume: bool, force: bool) -> None:
+    """The preflight's notes, and its problems: PlanError (exit 2) unless --force."""
+    from runner.clock import _env_float  # noqa: PLC0415
     from runner.preflight import run_preflight  # noqa: PLC0415
 
-    pf = run_preflight(plan, plan_path, Path(rdir), data, resume)
+    pf = run_preflight(plan, plan_path, rpath, data, resume)
     if (hold := _env_float("NANOPLAN_PREFLIGHT_DELAY_S", 0.0)) > 0:   # test hook: a slow preflight
         import time  # noqa: PLC0415
 
@@ -127,25 +221,3 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
             raise PlanError("preflight", pf.problems[0] + more, "fix it, or pass --force to launch anyway")
         for p in pf.problems:
             typer.echo(f"warning: preflight: {p} (--force)", err=True)
-    from planner.plan import plan_hash  # noqa: PLC0415
-
-    launch_id = uuid.uuid4().hex   # the same in every torchrun restart: they count each other's time
-    launch = Launch(Path(rdir), node_rank=node_rank, plan_hash=plan_hash(plan), launch_id=launch_id, t0=t0,
-                    scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0)
-    launch.acquire()               # exit 2 if another live process holds the run dir
-    try:
-        try:
-            launch.start()         # persisted before torchrun is spawned
-        except LaunchWriteError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(4) from None
-        typer.echo(f"launching: {shlex.join(cmd)}", err=True)
-        env = launch_env(plan)
-        env[ENV_LAUNCH_ID] = launch_id
-        env[ENV_LAUNCH_T0] = repr(t0)
-        rc = run_torchrun(cmd, env, rdir, stops=stops, heartbeat=launch.heartbeat, pass_fds=launch.pass_fds())
-        launch.heartbeat("ended")
-    finally:
-        launch.release()
-    if rc:
-        raise typer.Exit(rc)

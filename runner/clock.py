@@ -33,10 +33,12 @@ ENV_TIME_SCALE = "NANOPLAN_TIME_SCALE"
 ENV_CKPT_DELAY = "NANOPLAN_CKPT_DELAY_S"
 ENV_LAUNCH_ID = "NANOPLAN_LAUNCH_ID"    # set by `nanoplan run`: one id per launch, the same across torchrun restarts
 ENV_LAUNCH_T0 = "NANOPLAN_LAUNCH_T0"    # set by `nanoplan run`: its process start, CLOCK_BOOTTIME seconds
+ENV_LAUNCH_PID = "NANOPLAN_LAUNCH_PID"  # set by `nanoplan run`: its PID (is the launcher still alive?)
 
 CKPT_SAFETY = 1.5          # reserve 1.5x the slowest measured checkpoint write (+ eval)
 CKPT_FALLBACK_BYTES_S = 50e6  # before any write is measured: assume 50 MB/s ...
 CKPT_FALLBACK_MIN_S = 2.0     # ... and at least 2 s
+STEP_WINDOW = 3               # the guard's step estimate: the median of the last 3 steps (2 of 3 must be slow)
 
 
 def _env_float(name: str, default: float) -> float:
@@ -157,15 +159,23 @@ class BudgetGuard:
     carried_s: float = 0.0
     ckpt_bytes: int = 0
     safety: float = CKPT_SAFETY
-    step_s: float = 0.0                 # slowest recent step (EMA, never below the last one)
+    step_s: float = 0.0                 # the next step's estimate: the median of the last STEP_WINDOW steps
     ckpt_s: float | None = None          # slowest measured checkpoint write
     eval_s: float = 0.0                  # slowest measured validation pass
     history: list[float] = field(default_factory=list)
 
     def observe_step(self, seconds: float) -> None:
-        self.step_s = seconds if not self.history else max(seconds, 0.9 * self.step_s + 0.1 * seconds)
+        """The next step's estimate: the median of the last STEP_WINDOW (3) steps, the slower of two.
+
+        One step that took far longer than the others (the run was stopped: SIGSTOP, a paused VM,
+        a stalled disk) is an outlier, not a forecast: with the slowest recent step as the estimate,
+        one 60 s stall made the guard keep 2 × 60 s back and stop a third of the budget early. A
+        machine that really got slower shows it in two steps of three, and the estimate follows.
+        """
         self.history.append(seconds)
         del self.history[:-100]
+        recent = sorted(self.history[-STEP_WINDOW:])
+        self.step_s = recent[len(recent) // 2] if len(recent) % 2 else recent[-1]
 
     def observe_checkpoint(self, seconds: float) -> None:
         self.ckpt_s = max(self.ckpt_s or 0.0, seconds)

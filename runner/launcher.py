@@ -144,8 +144,9 @@ class StopRequests:
     torchrun runs, `run_torchrun` takes the handler over.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, what: str = "before the launch; nothing was started") -> None:
         self.names: list[str] = []
+        self.what = what
         self.on_signal: Callable[[str], None] | None = None
         self._old = {s: signal.signal(s, self._handle) for s in STOP_SIGNALS}
 
@@ -155,7 +156,7 @@ class StopRequests:
         if self.on_signal is None:
             import typer
 
-            _say(f"error: interrupted by {name} before the launch; nothing was started")
+            _say(f"error: interrupted by {name} {self.what}")
             raise typer.Exit(EXIT_INTERRUPTED)
         self.on_signal(name)
 
@@ -300,6 +301,7 @@ class Launch:
         self.t0, self.scale = t0, scale
         self.lock: Any = None
         self.record: dict[str, Any] | None = None
+        self._beats: Any = None
         self._warned = False
 
     def acquire(self) -> None:
@@ -330,41 +332,75 @@ class Launch:
 
         return max(0.0, boottime() - self.t0)
 
-    def start(self) -> None:
-        """Persist this launch (node rank 0) before torchrun is spawned; LaunchWriteError if that fails."""
-        from runner.ledger import LEDGER, spent_before_s, write_record
+    def carried_s(self, also: tuple[str, ...] = ()) -> float:
+        """Budget seconds the run had used before this launch (runner.ledger.spent_before_s)."""
+        from runner.ledger import spent_before_s
+
+        return spent_before_s(self.run_dir, self.plan_hash, also)
+
+    def start(self, *, source_hash: str | None = None, also: tuple[str, ...] = (),
+              carried_s: float | None = None) -> None:
+        """Persist this launch (node rank 0) before anything is spawned, and keep its time on a
+        heartbeat thread from then on; LaunchWriteError if the first write fails.
+
+        `source_hash`: the plan the user passed, when this launch runs a plan made from it (`--probe`).
+        """
+        from runner.ledger import LEDGER, PREPAID_S, Heartbeat, write_record
 
         if self.node_rank != 0:
             return
         import socket
 
-        carried = spent_before_s(self.run_dir, self.plan_hash)
-        self.record = {"id": self.id, "plan_hash": self.plan_hash, "host": socket.gethostname(), "pid": os.getpid(),
-                       "carried_s": carried, "spent_s": self.spent_s(), "state": "running"}
+        carried = self.carried_s(also) if carried_s is None else carried_s
+        self.record = {"id": self.id, "plan_hash": self.plan_hash, "source_hash": source_hash or self.plan_hash,
+                       "host": socket.gethostname(), "pid": os.getpid(), "carried_s": carried,
+                       "spent_s": self.spent_s() + PREPAID_S, "state": "running"}
         try:
             write_record(self.run_dir, self.record)
         except OSError as e:
             raise LaunchWriteError(f"{io_problem(self.run_dir / LEDGER, e)}; nothing was started "
                                    "(free disk space or fix the run dir, then run the same command)") from None
+        self._beats = Heartbeat(self._beat).start()
 
-    def heartbeat(self, state: str = "running") -> None:
-        """Rewrite this launch's spent time (best effort: the workers' own writes report a full disk)."""
-        from runner.ledger import LEDGER, write_record
+    def ran_plan(self, plan_hash: str) -> None:
+        """The plan this launch runs is now known (after `--probe`): its record says so from here on."""
+        self.plan_hash = plan_hash
+        if self.record is not None:
+            self.record["plan_hash"] = plan_hash
+            self.heartbeat()
+
+    def _beat(self, final: bool) -> None:
+        """Rewrite this launch's spent time: PREPAID_S ahead while it runs, exact at the end (best effort:
+        the workers' own writes report a full disk)."""
+        from runner.ledger import LEDGER, PREPAID_S, write_record
 
         if self.record is None:
             return
-        self.record.update(spent_s=self.spent_s(), state=state)
+        self.record.update(spent_s=self.spent_s() + (0.0 if final else PREPAID_S))
         try:
-            write_record(self.run_dir, self.record)
+            write_record(self.run_dir, dict(self.record))
         except (OSError, ValueError) as e:
             if not self._warned and isinstance(e, OSError):
                 self._warned = True
                 _say(f"warning: {io_problem(self.run_dir / LEDGER, e)}; this launch's time is counted up to here")
 
+    def heartbeat(self) -> None:
+        """One beat now (the heartbeat thread beats every HEARTBEAT_S by itself)."""
+        if self._beats is not None:
+            self._beats.now()
+
+    def finish(self, state: str = "ended") -> None:
+        """The last, exact record of this launch (its state: ended, interrupted); only the first call counts."""
+        if self.record is not None and self._beats is not None:
+            beats, self._beats = self._beats, None
+            self.record["state"] = state
+            beats.stop()
+
     def pass_fds(self) -> tuple[int, ...]:
         return (self.lock.fd,) if self.lock is not None and self.lock.fd >= 0 else ()
 
     def release(self) -> None:
+        self.finish()
         if self.lock is not None:
             self.lock.release()
             self.lock = None

@@ -17,7 +17,7 @@ from planner.plan import Plan
 from planner.units import fmt_bytes
 from runner.checkpoint_layout import BEST, CKPT_DIR, complete_steps, list_steps, step_dir
 from runner.checkpoint_meta import RESUME_HINT, read_meta, resume_mismatch
-from runner.ledger import LEDGER
+from runner.ledger import ALIVE, LEDGER
 from runner.runlock import LOCK_FILES
 
 
@@ -76,9 +76,13 @@ def _existing_parent(p: Path) -> Path:
     return p
 
 
-# What the runner writes (or deletes) directly under RUN_DIR; checkpoints/ holds step_* directories.
-RUN_DIR_ENTRIES = (CKPT_DIR, "metrics.jsonl", "run_info.json", "stop.json", BEST, "tensorboard", LEDGER,
-                   *LOCK_FILES)
+# What `nanoplan probe` writes in its DIR (runner/probe.py), and `run --probe` in RUN_DIR.
+TRIALS, REPORT, PROFILE = "trials", "probe.json", "profile.yaml"
+PROBE_DIR, PROBED_PLAN = "probe", "plan.probed.json"        # RUN_DIR/probe/, RUN_DIR/plan.probed.json
+# What the runner writes (or deletes) directly under RUN_DIR; checkpoints/ holds step_* directories,
+# probe/ what `run --probe` writes (trials/<label>/, probe.json, profile.yaml).
+RUN_DIR_ENTRIES = (CKPT_DIR, "metrics.jsonl", "run_info.json", "stop.json", BEST, "tensorboard", LEDGER, ALIVE,
+                   PROBE_DIR, PROBED_PLAN, *LOCK_FILES)
 
 
 def check_plan_run_dir(raw: str) -> str | None:
@@ -96,23 +100,32 @@ def check_plan_run_dir(raw: str) -> str | None:
 
 
 def check_run_dir_contained(run_dir: Path) -> str | None:
-    """A path the runner writes or deletes in RUN_DIR that resolves outside it (a symlink), or None.
+    """A path the runner writes or deletes in RUN_DIR that is a symbolic link, or None.
 
     RUN_DIR itself may be a symlink (it is resolved first); checkpoints/, metrics.jsonl,
-    run_info.json, stop.json, best.json, tensorboard/ and every entry of checkpoints/ (and of
-    checkpoints/.damaged/) must resolve inside it, so that retention and writes cannot reach
-    files elsewhere.
+    run_info.json, stop.json, best.json, tensorboard/, launches.json, probe/ (and its trials/,
+    trials/<label>, probe.json, profile.yaml), plan.probed.json and every entry of checkpoints/
+    (and of checkpoints/.damaged/) must not be links, wherever they lead: nanoplan never writes,
+    cleans or deletes through a link, so retention, the probe and the writes cannot reach files
+    elsewhere (nor, through a link inside the run dir, another of its own files).
     """
     if not run_dir.is_dir():
         return None
     root = run_dir.resolve()
     paths = [run_dir / n for n in RUN_DIR_ENTRIES]
-    for sub in (run_dir / CKPT_DIR, run_dir / CKPT_DIR / ".damaged"):
-        if sub.is_dir() and not sub.is_symlink():
+    probe = run_dir / PROBE_DIR
+    paths += [probe / TRIALS, probe / REPORT, probe / PROFILE]
+    for sub in (run_dir / CKPT_DIR, run_dir / CKPT_DIR / ".damaged", probe / TRIALS):
+        if sub.is_dir() and not sub.is_symlink() and not sub.parent.is_symlink():
             paths += sorted(sub.iterdir())
     for p in paths:
-        if (p.is_symlink() or p.exists()) and not p.resolve().is_relative_to(root):
-            return f"{p} is a link to {p.resolve()}, outside the run dir {root}; the runner only writes inside its run dir"
+        if not p.is_symlink():
+            continue
+        target = Path(os.path.realpath(p))
+        if not target.is_relative_to(root):
+            return f"{p} is a link to {target}, outside the run dir {root}; the runner only writes inside its run dir"
+        return (f"{p} is a link (to {target}); nanoplan never writes, cleans or deletes through a link in its "
+                "run dir")
     return None
 
 

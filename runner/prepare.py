@@ -8,12 +8,18 @@ train or val segment is tokenised on its own, so the tokens never depend on the 
 
 Outputs are written under temporary names and renamed at the end; an old meta.json is removed
 before the renames and the new one is written last, so a DATA_DIR with a meta.json is complete.
+A temporary name carries its writer's PID and host (`.train.bin.w1234-host.XXXXXXXX.tmp`), so the
+next prepare-data into the same DATA_DIR removes those of writers that are dead (killed mid-write),
+on this host only, and never a link: `clean_stale_temporaries`.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
+import socket
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -64,6 +70,57 @@ class PrepareResult:
     seconds: float
     encode_seconds: float
     files: list[Path] = field(default_factory=list)
+    removed_stale: tuple[int, int] = (0, 0)     # temporaries of dead writers removed: (files, bytes)
+
+
+_TEMP = re.compile(r"^\.(?:train\.bin|val\.bin|tokenizer\.json)\.w(\d+)-([A-Za-z0-9-]*)\.[^/]+\.tmp$")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
+
+
+def _temp_prefix(name: str) -> str:
+    """`.NAME.wPID-HOST.`: a temporary output of this process (see clean_stale_temporaries)."""
+    return f".{name}.w{os.getpid()}-{_host()}."
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:     # a zombie is dead for this purpose
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def clean_stale_temporaries(out: Path) -> tuple[int, int]:
+    """Remove the temporary outputs of earlier prepare-data runs into `out` whose writer is dead (on this
+    host; a writer on another host of a shared disk is left alone), never following a link (only
+    regular files are removed). Returns (files, bytes) removed."""
+    n = size = 0
+    host = _host()
+    try:
+        entries = list(os.scandir(out))
+    except OSError:
+        return 0, 0
+    for e in entries:
+        m = _TEMP.match(e.name)
+        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+            continue
+        try:
+            st = e.stat(follow_symlinks=False)
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            os.unlink(e.path)
+        except OSError:
+            continue
+        n, size = n + 1, size + st.st_size
+    return n, size
 
 
 def _umask_mode() -> int:
@@ -150,7 +207,7 @@ class _BinWriter:
     def __init__(self, out_dir: Path, name: str, dtype: str) -> None:
         self.final = out_dir / name
         self.dtype = np.dtype(dtype).newbyteorder("<")
-        fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=out_dir)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(name), suffix=".tmp", dir=out_dir)
         self.tmp = Path(tmp)
         self.f = os.fdopen(fd, "wb")
         self.tokens = 0
@@ -276,6 +333,7 @@ def prepare_data(inputs: list[str], out_dir: str | Path, tokenizer: str = "byte"
     dtype = dtype_for_vocab(tok.vocab_size)
 
     out.mkdir(parents=True, exist_ok=True)
+    stale = clean_stale_temporaries(out)      # left by a prepare-data killed mid-write
     t_enc = time.perf_counter()
     writers = {s: _BinWriter(out, f"{s}.bin", dtype) for s in ("train", "val")}
     extra: list[tuple[Path, Path]] = []
@@ -298,7 +356,7 @@ def prepare_data(inputs: list[str], out_dir: str | Path, tokenizer: str = "byte"
             tokenizer_file="tokenizer.json" if isinstance(tok, BpeTokenizer) else None,
         )
         if isinstance(tok, BpeTokenizer):
-            fd, tmp = tempfile.mkstemp(prefix=".tokenizer.json.", suffix=".tmp", dir=out)
+            fd, tmp = tempfile.mkstemp(prefix=_temp_prefix("tokenizer.json"), suffix=".tmp", dir=out)
             os.close(fd)
             extra.append((Path(tmp), out / "tokenizer.json"))
             tok.save(tmp)
@@ -318,7 +376,7 @@ def prepare_data(inputs: list[str], out_dir: str | Path, tokenizer: str = "byte"
     atomic_write_text(out / "meta.json", meta.model_dump_json(indent=2, exclude_none=True) + "\n")
     os.chmod(out / "meta.json", _umask_mode())
     files_out = [out / "train.bin", out / "val.bin"] + [f for _, f in extra] + [out / "meta.json"]
-    return PrepareResult(meta, time.perf_counter() - t0, enc_s, files_out)
+    return PrepareResult(meta, time.perf_counter() - t0, enc_s, files_out, stale)
 
 
 def _encode(tok: Tokenizer, segs: list[Segment], writers: dict[str, _BinWriter], chunk_bytes: int,

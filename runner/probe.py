@@ -3,11 +3,14 @@
 Each trial (planner/probe.py chooses them) is the plan with one micro-batch and checkpointing
 setting, run by torchrun with all the plan's processes on this node (runner/probe_worker.py, which
 sets up the run as `nanoplan run` does). Every trial starts in its own session, so neither an OOM
-nor a hang can take the probe down, and is time-boxed: past its time (--trial-timeout, and what
-is left of --timeout for the whole probe) the trial's process groups are killed, torchrun's and
-each worker's (workers start their own sessions; their pids are in the trial directory). After the
-plan's own trial, no trial starts that would take the probe past MAX_SHARE of the plan's hours or
-budget, judged by the longest trial so far.
+nor a hang can take the probe down, is time-boxed (--trial-timeout, and what is left of --timeout
+for the whole probe), and dies with the probe however the probe ends (runner/probe_trial.py).
+After the plan's own trial, no trial starts that would take the probe past MAX_SHARE of the
+plan's hours or budget, judged by the longest trial so far.
+
+Before the first trial the probe checks that it can write where it will (DIR, DIR/trials, the
+directory of --out) and that none of its paths in DIR is a link; a write that fails then or later
+is one line and exit 4 (ProbeWriteError), never a traceback.
 
 Layout of the probe directory (DIR):
 - DIR/trials/<label>/: the trial's plan.json, log.txt (torchrun's output), result.json or
@@ -18,18 +21,20 @@ Layout of the probe directory (DIR):
 The corrected plan goes to --out (plan.probed.json).
 
 The probe's time counts on the budget clock (NANOPLAN_TIME_SCALE, runner/clock.py) and is charged
-to the corrected plan (planner.probe.corrected_length). Plain Python: torch runs in the trials only.
+to the corrected plan (planner.probe.corrected_length), except under `nanoplan run --probe`, where
+the launch's own clock, which started before the probe, counts it (charged once). Plain Python:
+torch runs in the trials only.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -40,6 +45,17 @@ from planner import __version__
 from planner.errors import PlanError
 from planner.launch import torchrun_command
 from planner.plan import Plan, atomic_write_text, load_plan, save_plan
+from runner.preflight import PROBE_DIR, PROBED_PLAN, PROFILE, REPORT, TRIALS  # noqa: F401 - names of the probe's files
+from runner.probe_trial import (  # noqa: F401 - the trial's processes, re-exported
+    ENV_TRIAL_DEADLINE,
+    KILL_GRACE_S,
+    ProbeWriteError,
+    _write_problem_line,
+    hold_trial_worker,
+    kill_trial,
+    read_trial,
+    run_trial,
+)
 
 ENV_PROBE_FAULT = "NANOPLAN_PROBE_FAULT"
 FAULT_KINDS = ("oom", "hang")
@@ -51,9 +67,7 @@ MIN_TRIAL_S = 5.0             # a trial is skipped when less than this is left o
 MAX_SHARE = 0.5               # after the plan's own trial, no trial starts that would take the probe past half the
                               # plan's length (judged by the longest trial so far)
 TRIAL_SHUTDOWN_S = 5          # torchrun's grace for the other ranks after one fails (they wait in a collective)
-KILL_GRACE_S = 5.0            # SIGTERM, then SIGKILL after this
-OOM_TEXT = ("OutOfMemoryError", "CUDA out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "NCCL error: out of memory")
-REPORT, PROFILE = "probe.json", "profile.yaml"
+MIN_FREE_BYTES = 1 << 20      # the probe writes small files: plans, logs, probe.json, profile.yaml
 
 
 # ---------------------------------------------------------------------------- the fault hook
@@ -80,123 +94,6 @@ def fault_for(faults: list[tuple[str, str]], device_batch_size: int, label: str)
     return None
 
 
-# ---------------------------------------------------------------------------- one trial's processes
-
-
-def descendants(pid: int) -> list[int]:
-    """Every process under `pid` (Linux /proc), children first."""
-    from runner.launcher import child_pids  # noqa: PLC0415
-
-    out, todo = [], [pid]
-    while todo:
-        kids = child_pids(todo.pop())
-        out += kids
-        todo += kids
-    return out
-
-
-def _is_worker(pid: int) -> bool:
-    """A live probe worker (checked before killing a pid read from a file)."""
-    try:
-        return b"runner.probe_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return False
-
-
-def trial_pids(proc: subprocess.Popen, trial_dir: Path) -> list[int]:
-    pids = descendants(proc.pid)
-    for f in trial_dir.glob("pid_rank*"):
-        try:
-            pid = int(f.read_text().strip())
-        except (OSError, ValueError):
-            continue
-        if pid not in pids and _is_worker(pid):
-            pids.append(pid)
-    return pids
-
-
-def kill_trial(proc: subprocess.Popen, trial_dir: Path) -> None:
-    """End a trial: SIGTERM to the process group of torchrun and of every worker, SIGKILL after a grace."""
-    from runner.launcher import _alive, wait_gone  # noqa: PLC0415
-
-    pids = trial_pids(proc, trial_dir)
-    mine = os.getpgrp()
-    groups = set()
-    for pid in [proc.pid, *pids]:
-        try:
-            groups.add(os.getpgid(pid))
-        except ProcessLookupError:
-            continue
-    groups.discard(mine)
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for g in groups:
-            try:
-                os.killpg(g, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if sig == signal.SIGTERM:
-            wait_gone([proc.pid, *pids], KILL_GRACE_S)
-            if not any(_alive(p) for p in [proc.pid, *pids]):
-                break
-    try:
-        proc.wait(timeout=KILL_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def run_trial(cmd: list[str], env: dict[str, str], trial_dir: Path, timeout_s: float) -> tuple[bool, int | None]:
-    """Run one trial's torchrun in its own session; (timed out, exit code). Leaves nothing running."""
-    with open(trial_dir / "log.txt", "wb") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
-        try:
-            rc = proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            kill_trial(proc, trial_dir)
-            return True, None
-        except BaseException:          # Ctrl-C or an error in the probe itself: no trial left behind
-            kill_trial(proc, trial_dir)
-            raise
-        if any(_is_worker(p) for p in trial_pids(proc, trial_dir)):   # a worker torchrun did not reap
-            kill_trial(proc, trial_dir)
-        return False, rc
-
-
-def read_trial(trial_dir: Path, timed_out: bool, rc: int | None, timeout_s: float) -> tuple[str, dict | None, str]:
-    """(status, the worker's record, a note) of a finished trial."""
-    from planner.probe import FAILED, NO_FIT, OK, TIMED_OUT  # noqa: PLC0415
-
-    def load(p: Path) -> dict | None:
-        try:
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
-
-    ooms = [r for p in sorted(trial_dir.glob("oom_rank*.json")) if (r := load(p)) is not None]
-    if ooms:
-        return NO_FIT, ooms[0], f"rank {ooms[0].get('rank')}: {ooms[0].get('error')}"
-    if timed_out:
-        return TIMED_OUT, None, f"killed at the {timeout_s:.0f} s time box"
-    res = load(trial_dir / "result.json")
-    if rc == 0 and res is not None and res.get("status") == "ok":
-        return OK, res, ""
-    tail = _log_tail(trial_dir / "log.txt")
-    if any(t in tail for t in OOM_TEXT):
-        return NO_FIT, None, "out of memory (from the log)"
-    last = next((ln for ln in reversed(tail.splitlines()) if ln.strip().startswith("error:")), "")
-    return FAILED, None, f"exit {rc}" + (f": {last.strip()}" if last else f"; see {trial_dir / 'log.txt'}")
-
-
-def _log_tail(path: Path, n: int = 20_000) -> str:
-    try:
-        data = path.read_bytes()
-    except OSError:
-        return ""
-    return data[-n:].decode("utf-8", errors="replace")
-
-
 # ---------------------------------------------------------------------------- the probe
 
 
@@ -220,7 +117,9 @@ def trial_env(plan: Plan) -> dict[str, str]:
 
 
 def _fresh_dir(d: Path) -> None:
-    """Empty a trial directory of an earlier probe (only one that looks like a trial's)."""
+    """Empty a trial directory of an earlier probe (only one that looks like a trial's; never through a link)."""
+    if d.is_symlink():
+        raise PlanError("--dir", f"{d} is a link; the probe never cleans through a link", "remove it, or give another --dir")
     if d.exists():
         if not ((d / "plan.json").exists() or (d / "log.txt").exists()):
             raise PlanError("--dir", f"{d} exists and is not a probe trial directory", "give another --dir")
@@ -228,11 +127,46 @@ def _fresh_dir(d: Path) -> None:
     d.mkdir(parents=True)
 
 
+def check_probe_paths(work: Path, out: Path | None) -> None:
+    """Before the first trial: no path the probe writes or cleans in `work` is a link (PlanError, exit 2),
+    and every place it writes (work, work/trials, the directory of `out`) takes a real write and has
+    MIN_FREE_BYTES free (ProbeWriteError, exit 4)."""
+    trials = work / TRIALS
+    managed = [trials, work / REPORT, work / PROFILE]
+    if trials.is_dir() and not trials.is_symlink():
+        managed += sorted(trials.iterdir())
+    for p in managed:
+        if p.is_symlink():
+            raise PlanError("--dir", f"{p} is a link (to {os.path.realpath(p)}); the probe never writes or cleans "
+                            "through a link", "remove the link, or give another --dir")
+    places = [trials] + ([Path(out).parent] if out is not None else [])
+    for d in places:
+        try:
+            d.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=d, prefix=".nanoplan-write-test.")
+            try:
+                os.write(fd, b"\0" * 4096)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+                os.unlink(tmp)
+            free = shutil.disk_usage(d).free
+            if free < MIN_FREE_BYTES:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(d))
+        except OSError as e:
+            raise ProbeWriteError(_write_problem_line(Path(e.filename or d), e)) from None
+
+
 def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path, data: str | None = None,
           warmup: int = DEFAULT_WARMUP, steps: int = DEFAULT_STEPS, trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
-          timeout_s: float = DEFAULT_TIMEOUT_S, force: bool = False,
+          timeout_s: float = DEFAULT_TIMEOUT_S, force: bool = False, charge: bool = True,
           log: Callable[[str], None] = print) -> ProbeResult:
-    """Probe `plan_path` on this machine; write probe.json, the calibrated profile and the corrected plan."""
+    """Probe `plan_path` on this machine; write probe.json, the calibrated profile and the corrected plan.
+
+    `charge`: take the probe's cost off the corrected plan's hours or dollars (`nanoplan probe`). False
+    under `nanoplan run --probe`, whose launch clock counts the probe already (it must be charged once).
+    ProbeWriteError (exit 4) when a place it writes cannot be written, checked before the first trial.
+    """
     from planner import probe as pp  # noqa: PLC0415
     from planner.calibrate import write_profile  # noqa: PLC0415
     from planner.plan import plan_hash  # noqa: PLC0415
@@ -258,7 +192,7 @@ def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path
     data_dir = resolve_data_dir(plan, data, plan_path).resolve()
     check_data(plan, data_dir)
     work = Path(work_dir)
-    work.mkdir(parents=True, exist_ok=True)
+    check_probe_paths(work, Path(out) if out is not None else None)
     env = trial_env(plan)
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     n_steps = warmup + steps + pp.PHASE_STEPS
@@ -271,7 +205,7 @@ def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path
     plans: dict[str, Plan] = {}
     device, torch_version, cuda = None, None, None
     for cfg in configs:
-        tdir = work / "trials" / cfg.label
+        tdir = work / TRIALS / cfg.label
         tplan = pp.trial_plan(plan, cfg, n_steps, plan_path=str(tdir / "plan.json"))
         plans[cfg.label] = tplan
         left = timeout_s - clock.real()
@@ -284,7 +218,10 @@ def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path
             log(f"  {cfg.label:<8} {cfg.role:<17} skipped: {skip}")
             continue
         _fresh_dir(tdir)
-        save_plan(tplan, tdir / "plan.json")
+        try:
+            save_plan(tplan, tdir / "plan.json")
+        except OSError as e:
+            raise ProbeWriteError(_write_problem_line(tdir / "plan.json", e, "stopped before this trial")) from None
         cmd = torchrun_command(str(tdir / "plan.json"), plan.hardware.gpus_per_node, str(tdir), max_restarts=0,
                                python=sys.executable,
                                extra=["--data", str(data_dir), "--warmup", str(warmup), "--steps", str(steps)]
@@ -325,23 +262,41 @@ def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path
         if extra is not None and plan.hardware.num_gpus > 1:     # NCCL's buffers are modelled on their own
             extra = max(0, extra - plan.request.profile.overheads.nccl_bytes)
         try:
-            corrected, profile, charged = pp.replan(plan, tplan, m, cost_s, plan_path=str(out or "plan.probed.json"),
-                                                    today=date[:10], non_allocator_bytes=extra)
+            corrected, profile, charged = pp.replan(plan, tplan, m, cost_s if charge else 0.0,
+                                                    plan_path=str(out or "plan.probed.json"), today=date[:10],
+                                                    non_allocator_bytes=extra)
         except PlanError:
-            atomic_write_text(report_path, json.dumps(report, indent=2) + "\n")
+            _write_report(report_path, work, report)
             raise
+        if not charge:
+            charged = (pp.corrected_length(plan, cost_s)[1] if length_s is None else
+                       f"counted on the run's own clock: the launch's time, the probe's {cost_s:,.0f} s included, "
+                       "is charged to the plan's budget once (launches.json)")
         prof_path = work / PROFILE
-        write_profile(profile, prof_path, f"Calibrated by nanoplan probe on {date} from trial {chosen['label']} "
-                                          f"of {plan_path} on {device}")
+        _write(prof_path, work, lambda: write_profile(profile, prof_path, f"Calibrated by nanoplan probe on {date} "
+                                                      f"from trial {chosen['label']} of {plan_path} on {device}"))
         report.update(after=pp.plan_summary(corrected), charged=charged, profile=str(prof_path))
         if out is not None:
-            save_plan(corrected, out)
+            _write(Path(out), work, lambda: save_plan(corrected, out))
             report["corrected_plan"] = str(out)
-    atomic_write_text(report_path, json.dumps(report, indent=2) + "\n")
+    _write_report(report_path, work, report)
     if chosen is None:
         raise PlanError("probe", why + f"; see {report_path}",
                         "re-plan with a smaller micro-batch, --activation-checkpointing or a sharded --strategy")
     return ProbeResult(report, plan, corrected, Path(out) if out is not None else None, report_path)
+
+
+def _write(path: Path, work: Path, write: Callable[[], object]) -> None:
+    """One of the probe's results; a failed write is a ProbeWriteError (exit 4) naming the file."""
+    try:
+        write()
+    except OSError as e:
+        raise ProbeWriteError(_write_problem_line(path, e, f"the trials ran (their logs are in {work / TRIALS})")) \
+            from None
+
+
+def _write_report(path: Path, work: Path, report: dict[str, Any]) -> None:
+    _write(path, work, lambda: atomic_write_text(path, json.dumps(report, indent=2) + "\n"))
 
 
 def trial_line(rec: dict[str, Any]) -> str:
@@ -355,7 +310,22 @@ def trial_line(rec: dict[str, Any]) -> str:
             + ("" if rec["fits_with_headroom"] else ", over the headroom") + f" in {rec['seconds']:.1f} s")
 
 
-PROBED_PLAN = "plan.probed.json"
+
+def probed_plan_to_resume(run_dir: str | Path) -> Path | None:
+    """RUN_DIR/plan.probed.json when RUN_DIR's newest checkpoint is of that plan (a resumed or restarted
+    `run --probe`), else None."""
+    from planner.plan import plan_hash  # noqa: PLC0415
+    from runner.checkpoint_layout import complete_steps, step_dir  # noqa: PLC0415
+    from runner.checkpoint_meta import read_meta  # noqa: PLC0415
+
+    rdir = Path(run_dir)
+    out = rdir / PROBED_PLAN
+    done = complete_steps(rdir)
+    if out.is_file() and not out.is_symlink() and done:
+        meta = read_meta(step_dir(rdir, done[-1])) or {}
+        if meta.get("plan_hash") == plan_hash(load_plan(out)):
+            return out
+    return None
 
 
 def probe_for_run(plan_path: str | Path, run_dir: str | Path, *, data: str | None = None, force: bool = False,
@@ -364,19 +334,12 @@ def probe_for_run(plan_path: str | Path, run_dir: str | Path, *, data: str | Non
 
     The probe's files go to RUN_DIR/probe/. When RUN_DIR already holds checkpoints of a probed plan
     (a resumed or restarted run), that plan is resumed without a new probe: a new one would change
-    the plan and orphan the checkpoints.
+    the plan and orphan the checkpoints. The probe's cost is not taken off the plan: the launch's
+    clock, which started before the probe, counts it (`nanoplan run` records the launch first).
     """
-    from planner.plan import plan_hash  # noqa: PLC0415
-    from runner.checkpoint_layout import complete_steps, step_dir  # noqa: PLC0415
-    from runner.checkpoint_meta import read_meta  # noqa: PLC0415
-
     rdir = Path(run_dir)
     out = rdir / PROBED_PLAN
-    done = complete_steps(rdir)
-    if out.exists() and done:
-        probed = load_plan(out)
-        meta = read_meta(step_dir(rdir, done[-1])) or {}
-        if meta.get("plan_hash") == plan_hash(probed):
-            log(f"probe: {rdir} holds checkpoints of {out}; resuming it without a new probe")
-            return out, None
-    return out, probe(plan_path, out=out, work_dir=rdir / "probe", data=data, force=force, log=log)
+    if probed_plan_to_resume(rdir) is not None:
+        log(f"probe: {rdir} holds checkpoints of {out}; resuming it without a new probe")
+        return out, None
+    return out, probe(plan_path, out=out, work_dir=rdir / PROBE_DIR, data=data, force=force, charge=False, log=log)

@@ -13,7 +13,8 @@ checkpoint, no validation.
 - torch.OutOfMemoryError: the rank writes DIR/oom_rank{r}.json and exits EXIT_OOM at once; torchrun
   then stops the other ranks, which wait in a collective.
 - DIR/pid_rank{r}: written first, so that the probe can kill this process after a time-out even
-  when torchrun is gone.
+  when torchrun is gone. The worker also dies with its torchrun (PR_SET_PDEATHSIG) and ends itself
+  at the trial's deadline (runner.probe_trial.hold_trial_worker), so no trial outlives a killed probe.
 
 Fault hook for tests (runner/probe.py parses it): NANOPLAN_PROBE_FAULT=oom:SEL or hang:SEL
 (comma-separated) raises torch.OutOfMemoryError, or blocks, inside the first step on rank 0 (from
@@ -45,6 +46,7 @@ from runner.clock import Clock
 from runner.memstats import cuda_memory, peak_over_ranks
 from runner.parallel import full_value
 from runner.probe import ENV_PROBE_FAULT, fault_for, parse_faults
+from runner.probe_trial import hold_trial_worker
 from runner.step import train_step
 from runner.train import Trainer
 
@@ -158,6 +160,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
+    hold_trial_worker()          # dies with its torchrun, and at the trial's deadline
     a = parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     out = Path(a.run_dir)

@@ -19,7 +19,9 @@ all-reduce), so the LR stays identical across replicas. The warmdown is then lai
 projected count. A projection that lands after the warmdown has begun (or that moves the warmdown
 start behind the current step) re-anchors it: from the current step the multiplier goes from its
 current value to 0 at the new end, so the LR never jumps. Re-projections follow after every 1% of
-the projected steps and after each checkpoint or validation pass (their costs are then measured).
+the projected steps, after each checkpoint or validation pass (their costs are then measured), and
+right after a stall: a step interval STALL_FACTOR times the median (the run was stopped, SIGSTOP or
+a paused machine, and the time left shrank at once), so the warmdown still ends at the stop.
 
 The schedule's state is saved in every checkpoint's meta.json and restored on resume, so a
 killed-and-resumed run continues from the saved projection and its warmdown happens once.
@@ -42,6 +44,7 @@ SKIP_INTERVALS = 2          # the first intervals of a launch include torch.comp
 MIN_INTERVALS = 8           # intervals needed before the first projection of a launch
 WINDOW = 50                 # median over the last WINDOW step intervals
 REPROJECT_FRACTION = 0.01   # re-project after every 1% of the projected steps
+STALL_FACTOR = 4.0          # an interval this many times the median is a stall: re-project at once
 ANNOUNCE_CHANGE = 0.10      # log a projection that moved by 10% or more, at most once per 10% of the steps
 
 
@@ -138,6 +141,8 @@ class DeadlineSchedule:
         self._launch_projected = False            # a projection was made in this launch
         self._times: deque[tuple[int, float]] = deque(maxlen=WINDOW + 1)
         self._seen = 0
+        self._last: tuple[int, float] | None = None
+        self._last_gap: float | None = None      # budget seconds per step over the last interval
         self._inputs: tuple[float, ...] | None = None
         self._announced = planned_total if total is None else total
         self._announced_at: int | None = None
@@ -186,6 +191,9 @@ class DeadlineSchedule:
     def observe(self, step: int, now_s: float) -> None:
         """Rank 0, after each step: the run's budget seconds at that step."""
         self._seen += 1
+        if self._last is not None and step > self._last[0]:
+            self._last_gap = (now_s - self._last[1]) / (step - self._last[0])
+        self._last = (step, now_s)
         if self._seen > SKIP_INTERVALS:
             self._times.append((step, now_s))
 
@@ -209,7 +217,8 @@ class DeadlineSchedule:
             return self.total
         inputs = (guard.reserve_s(), guard.ckpt_s or 0.0, guard.eval_s)
         every = max(1, round(REPROJECT_FRACTION * self.total))
-        due = (not self._launch_projected or inputs != self._inputs
+        stalled = self._last_gap is not None and self._last_gap > STALL_FACTOR * dt
+        due = (not self._launch_projected or inputs != self._inputs or stalled
                or self.projected_at is None or step - self.projected_at >= every)
         if not due:
             return self.total

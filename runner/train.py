@@ -48,6 +48,7 @@ from runner.elastic import launch_job, restart_count
 from runner.evaluate import val_loss
 from runner.faults import Faults
 from runner.launcher import io_problem
+from runner.ledger import Heartbeat, worker_heartbeat
 from runner.metrics import METRICS, RUN_INFO, MetricsLog, mfu, update_run_info
 from runner.parallel import full_value
 from runner.patience import Patience
@@ -99,6 +100,7 @@ class Trainer:
         self.run_dir = Path(args.run_dir)
         self.faults = Faults.from_env()
         self.lock: RunLock | None = None
+        self.alive: Heartbeat | None = None      # rank 0: this launch's time, kept even if its launcher dies
         self.pending_write: str | None = None   # rank 0: a failed write, shared at the next step's all-reduce
         self.write_error: str | None = None
         self.ckpt_write_failed = False
@@ -162,6 +164,7 @@ class Trainer:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
                 self.lock = RunLock.acquire(self.run_dir, TRAIN_LOCK, "a training worker")
+                self.alive = worker_heartbeat(self.run_dir)
             except RunDirBusy as e:
                 busy = ["--run-dir", str(e), f"wait for that run to end, or stop it (kill -TERM {e.pid} on {e.host}); "
                         "two runs on one run dir would corrupt each other"]
@@ -544,8 +547,24 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+        if trainer is not None and trainer.alive is not None:
+            trainer.alive.stop()        # the exact end of this launch's time, last
+
+
+def exit_now(code: int) -> None:
+    """Exit without the interpreter's module teardown (1-2 s with torch loaded, after the launch's time
+    was last recorded: runner/ledger.py): flush, run the atexit handlers (torch's own), then os._exit."""
+    import atexit
+
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 if __name__ == "__main__":
     sys.stdout, sys.stderr = HangupSafe(sys.stdout), HangupSafe(sys.stderr)   # type: ignore[assignment]
-    sys.exit(main())
+    exit_now(main())

@@ -28,11 +28,28 @@ from planner.errors import PlanError, cli_one_line, error_lines
 
 
 def _no_flag_types(params: list) -> list:
-    """On/off flags take no value, so --help shows none for them (typer would show <bool>)."""
+    """On/off flags take no value, so --help shows none for them (typer would show <bool>); an argument's
+    name is its metavar (PLAN.json), so --help shows no Python type beside it (typer would show <str>)."""
     for p in params:
         if getattr(p, "is_flag", False) and p.metavar is None:
             p.metavar = ""
+        if getattr(p, "param_type_name", "") == "argument":
+            p.display_type_rich = _no_type      # the type column of typer's rich help
+            p._usage_display_name = _usage_name(p)
     return params
+
+
+def _no_type(ctx: object = None) -> None:
+    return None
+
+
+def _usage_name(p):  # type: ignore[no-untyped-def]
+    """The argument in the usage line as click writes it: PLAN.json, [PLAN.json], FILE... (typer 0.29 writes
+    {PLAN.json} and adds a second '...' to a metavar that has one)."""
+    name = p.metavar or (p.name or "ARG").upper()
+    if p.nargs != 1 and not name.endswith("..."):
+        name += "..."
+    return lambda: name if p.required else f"[{name}]"
 
 
 class _Command(TyperCommand):

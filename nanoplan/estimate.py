@@ -93,7 +93,7 @@ def estimate(
     no_compile: Annotated[bool, Opt("--no-compile", hidden=True)] = False,
     headroom: Annotated[float, Opt(metavar="F", rich_help_panel=BATCH,
                                    help="Memory kept free, a fraction of the GPU")] = 0.05,
-    gpu: Annotated[str, Opt(metavar="SPEC", rich_help_panel=HARDWARE,
+    gpu: Annotated[str, Opt("--gpu", "--gpus", metavar="SPEC", rich_help_panel=HARDWARE,
                             help="GPUs: H100, 8xH100, 8x A100, 2x8xH100 (nodes×GPUs×type), 2xCPU")] = "8xH100",
     provider: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=HARDWARE,
                                            help="Whose price: modal, aws, lambda, runpod, ... "
@@ -293,11 +293,14 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None
 
 
 @app.command(epilog=examples(("nanoplan profiles", "every GPU type, its figures and prices"),
+                             ("nanoplan profiles --wide", "every column, however narrow the terminal"),
                              ("nanoplan estimate --gpu 8xL40S --budget 100", "then plan on one of them")))
-def profiles() -> None:
+def profiles(
+    wide: Annotated[bool, Opt("--wide", metavar=FLAG, help="Every column, however wide the table")] = False,
+) -> None:
     """List the built-in hardware profiles and their prices."""
     from planner.profiles import builtin_profiles  # noqa: PLC0415
-    from planner.tables import Col, fit_table, print_table  # noqa: PLC0415
+    from planner.tables import Col, fit_table, hidden, print_table  # noqa: PLC0415
 
     console = Console()
     cols = [Col("name", 0, "left"), Col("memory", 0), Col("BF16 TFLOP/s", 0), Col("HBM TB/s", 2),
@@ -310,8 +313,12 @@ def profiles() -> None:
                      f"{p.intra_node_gb_s:g}/{p.inter_node_gb_s:g}", f"{p.default_mfu:.2f}",
                      f"{p.usable_bytes / 2**30:.1f} GiB",
                      f"${d.usd_per_gpu_hour:.2f} {d.provider} ({d.date})" + (f" +{others}" if others else "")])
-    print_table(console, fit_table(cols, rows, console.width, title="Hardware profiles (dense peaks; price per "
-                                   "GPU-hour, the default provider's)"))
+    table = fit_table(cols, rows, None if wide else console.width,
+                      title="Hardware profiles (dense peaks; price per GPU-hour, the default provider's)")
+    print_table(console, table)
+    gone = hidden(cols, table)
+    if gone:
+        console.print(f"Hidden at this width: {', '.join(gone)} (--wide shows all).", highlight=False)
     console.print("+N: more providers (--provider NAME). Every figure's source: hardware_profiles/*.yaml and "
                   "docs/hardware.md.", highlight=False)
 

@@ -122,6 +122,9 @@ def estimate(
                                   help="Print the plan as JSON instead of tables")] = False,
     wide: Annotated[bool, Opt("--wide", metavar=FLAG, rich_help_panel=OUTPUT,
                               help="Show every column of the runners-up, however wide")] = False,
+    plot: Annotated[Optional[str], Opt(metavar="PNG", rich_help_panel=OUTPUT,
+                                       help="Also draw memory per GPU over one training step, by phase and part, "
+                                            "against the capacity, to this PNG (needs matplotlib)")] = None,
     run_dir: Annotated[str, Opt(metavar="DIR", rich_help_panel=OUTPUT,
                                 help="Run directory for nanoplan run")] = "runs/latest",
     checkpoint_every_minutes: Annotated[Optional[float], Opt(metavar="MIN", rich_help_panel=OUTPUT,
@@ -144,6 +147,10 @@ def estimate(
     if compile and no_compile:
         raise PlanError("--no-compile", "conflicts with --compile", "give one")
     compiled = True if compile else False if no_compile else None
+    if plot is not None and not plot.lower().endswith(".png"):
+        raise PlanError("--plot", f"{plot!r} is not a .png path", "e.g. --plot memory.png")
+    if plot is not None and trainer != "nanoplan":
+        raise PlanError("--plot", f"draws nanoplan's runner step, not {trainer}'s", "drop --plot or --trainer")
     budget_usd = parse_money(budget, "--budget") if budget is not None else None
     hours_h = parse_hours(hours, "--hours") if hours is not None else None
     n_steps = parse_count(steps, "--steps") if steps is not None else None
@@ -212,6 +219,8 @@ def estimate(
             console.print(Panel("\n".join(f"• {x}" for x in why), title=f"How {plan.model.name} fits" if plan.memory.fits
                                 else f"{plan.model.name} does not fit",
                                 title_align="left"))
+    if plot is not None:     # before the plan: the verdict stays the last line
+        _plot_memory(plan, plot, None if json_out else console)
     _emit(plan, write_to, json_out, console)
     if not plan.memory.fits:
         raise typer.Exit(1)
@@ -252,6 +261,20 @@ def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, bas
         console.print(Panel("\n".join(f"• {x}" for x in why), title=f"{plan.model.name} with {trainer}",
                             title_align="left"))
     return plan
+
+
+def _plot_memory(plan: Plan, path: str, console: Console | None) -> None:
+    """--plot: the planner walks the step phase by phase (planner/step_phases.py); nanoplan/memory_plot.py draws."""
+    from nanoplan.memory_plot import PlotError, draw  # noqa: PLC0415  (matplotlib only now)
+    from planner.step_phases import step_memory  # noqa: PLC0415
+
+    try:
+        draw(step_memory(plan).as_dict(), path)
+    except PlotError:
+        raise PlanError("--plot", "matplotlib is not installed",
+                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
+    if console is not None:
+        console.print(f"wrote {path} (memory per GPU over one step)", highlight=False)
 
 
 def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:

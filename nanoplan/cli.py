@@ -118,7 +118,24 @@ def fail(msg: str, code: int = 2, hint: str = "") -> typer.Exit:
 
 def _echo(lines: list[str]) -> None:
     for line in lines:
-        typer.echo(line, err=True)
+        echo_err(line)
+
+
+def echo_err(line: str) -> None:
+    """One error, hint or warning line on stderr. On a terminal a long one wraps between words at its width
+    (continuation lines indented), never inside a path or a number; in a pipe or a file it stays one line,
+    for grep and the tests."""
+    import os  # noqa: PLC0415
+    import textwrap  # noqa: PLC0415
+
+    try:
+        width = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 0
+    except (AttributeError, OSError, ValueError):
+        width = 0
+    if width >= 40 and len(line) > width:
+        line = "\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_long_words=False,
+                                       break_on_hyphens=False))
+    typer.echo(line, err=True)
 
 
 def _usage_lines(e: cx.UsageError) -> list[str]:

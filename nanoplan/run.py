@@ -132,10 +132,12 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         typer.echo(f"note: {note}", err=True)
     if pf.problems:
         if not force:      # every problem on its own line, so that one fix does not just reveal the next
+            from nanoplan.cli import echo_err  # noqa: PLC0415
+
             for p in pf.problems:
-                typer.echo(f"error: preflight: {p}", err=True)
+                echo_err(f"error: preflight: {p}")
             fix = "fix it" if len(pf.problems) == 1 else f"fix these {len(pf.problems)}"
-            typer.echo(f"hint: {fix}, or pass --force to launch anyway", err=True)
+            echo_err(f"hint: {fix}, or pass --force to launch anyway")
             raise typer.Exit(2)
         for p in pf.problems:
             typer.echo(f"warning: preflight: {p} (--force)", err=True)

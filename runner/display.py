@@ -231,8 +231,10 @@ class Display:
             return
         try:
             if self._live is not None:
-                self._live.console.print(msg)
-            else:
+                self._live.console.print(msg, markup=False, highlight=False)
+            elif self.live_mode:     # a terminal: wrap between words, never inside a path or a number
+                self.console.print(msg, markup=False, highlight=False)
+            else:                    # a pipe or a log file: whole lines, for grep
                 print(msg, flush=True)
         except OSError:  # a closed stdout (broken pipe) must not stop training
             self.enabled = False

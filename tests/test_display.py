@@ -118,3 +118,14 @@ def test_stop_summary_of_a_nan_run_is_valid_json() -> None:
     assert s["final_loss"] is None
     json.loads(json.dumps(s, allow_nan=False))
     assert "final loss -" in "\n".join(summary_lines(s))
+
+
+def test_log_lines_wrap_between_words_on_a_terminal_and_stay_whole_in_a_pipe(capsys) -> None:
+    msg = "stopped: total_steps at step 60/60, 0.25 min, $0.00; checkpoint runs/t1/checkpoints/step_00000060 [x]"
+    buf = io.StringIO()
+    Display(True, None, live=True, console=Console(file=buf, width=80, force_terminal=True, color_system=None)).log(msg)
+    lines = [x.rstrip() for x in buf.getvalue().splitlines()]
+    assert lines == ["stopped: total_steps at step 60/60, 0.25 min, $0.00; checkpoint",
+                     "runs/t1/checkpoints/step_00000060 [x]"]
+    Display(True, None, live=False).log(msg)
+    assert capsys.readouterr().out == msg + "\n"

@@ -28,11 +28,28 @@ from planner.errors import PlanError, cli_one_line, error_lines
 
 
 def _no_flag_types(params: list) -> list:
-    """On/off flags take no value, so --help shows none for them (typer would show <bool>)."""
+    """On/off flags take no value, so --help shows none for them (typer would show <bool>); an argument's
+    name is its metavar (PLAN.json), so --help shows no Python type beside it (typer would show <str>)."""
     for p in params:
         if getattr(p, "is_flag", False) and p.metavar is None:
             p.metavar = ""
+        if getattr(p, "param_type_name", "") == "argument":
+            p.display_type_rich = _no_type      # the type column of typer's rich help
+            p._usage_display_name = _usage_name(p)
     return params
+
+
+def _no_type(ctx: object = None) -> None:
+    return None
+
+
+def _usage_name(p):  # type: ignore[no-untyped-def]
+    """The argument in the usage line as click writes it: PLAN.json, [PLAN.json], FILE... (typer 0.29 writes
+    {PLAN.json} and adds a second '...' to a metavar that has one)."""
+    name = p.metavar or (p.name or "ARG").upper()
+    if p.nargs != 1 and not name.endswith("..."):
+        name += "..."
+    return lambda: name if p.required else f"[{name}]"
 
 
 class _Command(TyperCommand):
@@ -101,7 +118,24 @@ def fail(msg: str, code: int = 2, hint: str = "") -> typer.Exit:
 
 def _echo(lines: list[str]) -> None:
     for line in lines:
-        typer.echo(line, err=True)
+        echo_err(line)
+
+
+def echo_err(line: str) -> None:
+    """One error, hint or warning line on stderr. On a terminal a long one wraps between words at its width
+    (continuation lines indented), never inside a path or a number; in a pipe or a file it stays one line,
+    for grep and the tests."""
+    import os  # noqa: PLC0415
+    import textwrap  # noqa: PLC0415
+
+    try:
+        width = os.get_terminal_size(sys.stderr.fileno()).columns if sys.stderr.isatty() else 0
+    except (AttributeError, OSError, ValueError):
+        width = 0
+    if width >= 40 and len(line) > width:
+        line = "\n".join(textwrap.wrap(line, width, subsequent_indent="  ", break_long_words=False,
+                                       break_on_hyphens=False))
+    typer.echo(line, err=True)
 
 
 def _usage_lines(e: cx.UsageError) -> list[str]:

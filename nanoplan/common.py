@@ -109,3 +109,47 @@ def writable_target(path: str, option: str = "--out") -> bool:
     if stat.S_ISDIR(mode):
         raise PlanError(option, f"{path} is a directory", f"give a file name, e.g. {option} {path.rstrip('/')}/plan.json")
     return True
+
+
+def output_width(stream: object) -> int | None:
+    """Columns to wrap long lines at: $COLUMNS when set, else the terminal's when `stream` is one, else None
+    (a pipe or a file: lines stay whole, for grep)."""
+    import os  # noqa: PLC0415
+
+    cols = os.environ.get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    try:
+        if stream.isatty():  # type: ignore[attr-defined]
+            return os.get_terminal_size(stream.fileno()).columns  # type: ignore[attr-defined]
+    except (AttributeError, OSError, ValueError):
+        pass
+    return None
+
+
+def wrap_command(prefix: str, words: list[str], width: int | None, indent: str = "    ") -> str:
+    """`prefix` and a shell command, wrapped at `width` columns with ` \\` continuations, so it can still be
+    pasted into a shell: never inside a word (a file name, a number), and an option stays with its value.
+    width None: one line."""
+    import shlex  # noqa: PLC0415
+
+    if width is None:
+        return prefix + shlex.join(words)
+    units: list[str] = []
+    quoted = [shlex.quote(w) for w in words]
+    for i, q in enumerate(quoted):
+        if units and units[-1].startswith("-") and "=" not in units[-1] and " " not in units[-1] \
+                and not q.startswith("-") and i > 0:
+            units[-1] += " " + q                     # --plan plan.json, -m runner.train
+        else:
+            units.append(q)
+    lines: list[str] = []
+    cur = prefix + (units[0] if units else "")
+    for u in units[1:]:
+        if len(cur) + 1 + len(u) + 2 > width:     # room for " \"
+            lines.append(cur + " \\")
+            cur = indent + u
+        else:
+            cur = f"{cur} {u}"
+    lines.append(cur)
+    return "\n".join(lines)

@@ -16,18 +16,21 @@ Opt = typer.Option
 DEFAULT_GPUS = "8xB200,8xH200,8xH100,8xA100,4xH100,4xA100,H100,2x8xH100"
 
 
-@app.command(help="The best run for a budget (or hours) on each GPU configuration, side by side. The table keeps "
+@app.command(help="The best run for a budget (or hours, or steps) on each GPU configuration, side by side. The table keeps "
                   "the columns that fit the terminal (--wide for all); --format gives csv, markdown or json.",
              epilog=examples(
                  ("nanoplan compare --budget 1000", "the default GPU line-up at $1,000"),
                  ("nanoplan compare --budget 1k --provider runpod --plot compare.png", "RunPod prices, and a chart"),
                  ("nanoplan compare --hours 24 --gpus 8xH100,8xL40S,8xRTX-4090 --depth 20", "one model, 24 hours"),
-                 ("nanoplan compare --budget 500 --price H100=2.49,A100=1.29 --format csv", "your own prices, as CSV"),
+                 ("nanoplan compare --steps 5k --preset gpt2 --price H100=2.49 --format csv",
+                  "one model for 5,000 steps, your own H100 price, as CSV"),
              ))
 def compare(
     budget: Annotated[Optional[str], Opt(metavar="USD", help="Dollar budget per configuration: 1000, 1k")] = None,
     hours: Annotated[Optional[str], Opt(metavar="H", help="Compare at a fixed number of hours instead: 24, 90m")] = None,
-    gpus: Annotated[str, Opt(metavar="SPECS", show_default=False,
+    steps: Annotated[Optional[str], Opt(metavar="N", help="Compare at a fixed number of optimizer steps instead: "
+                                                           "5000, 20k")] = None,
+    gpus: Annotated[str, Opt("--gpus", "--gpu", metavar="SPECS", show_default=False,
                              help="Comma-separated GPU configurations, nodes×GPUs×type (default: "
                                   + ", ".join(DEFAULT_GPUS.split(",")) + ")")] = DEFAULT_GPUS,
     provider: Annotated[Optional[str], Opt(metavar="NAME", help="Whose prices, where a GPU has them (else its "
@@ -74,12 +77,14 @@ def compare(
         raise PlanError("--seq-len", f"must be a positive integer, got {seq_len}")
     if total_batch_tokens <= 0:
         raise PlanError("--total-batch-tokens", f"must be a positive integer, got {total_batch_tokens}")
-    if (budget is None) == (hours is None):
-        raise PlanError("--budget" if budget is None else "--hours",
-                        "give exactly one of --budget or --hours" + (", not both" if budget is not None else ""),
+    given = [n for n, v in (("--budget", budget), ("--hours", hours), ("--steps", steps)) if v is not None]
+    if len(given) != 1:
+        raise PlanError(given[1] if given else "--budget",
+                        "give exactly one of --budget, --hours or --steps" + (f", not {' and '.join(given)}" if given else ""),
                         "e.g. nanoplan compare --budget 1000")
     length = Length(budget_usd=parse_money(budget, "--budget") if budget is not None else None,
-                    hours=parse_hours(hours, "--hours") if hours is not None else None)
+                    hours=parse_hours(hours, "--hours") if hours is not None else None,
+                    steps=parse_count(steps, "--steps") if steps is not None else None)
     spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=None, d_model=None, n_head=None,
                          n_kv_head=None, d_ff=None, vocab_size=vocab_size, seq_len=seq_len)
     models = [spec] if spec is not None else depth_ladder(style or "nanochat", seq_len=seq_len or 2048,

@@ -41,11 +41,11 @@ def _rich_progress(stack: ExitStack, console: Console) -> Callable[[str, int, in
 
 @app.command("prepare-data", epilog=examples(
     ("nanoplan prepare-data examples/tiny/text.txt --out data/tiny", "bytes as tokens (vocab 256)"),
-    ("nanoplan prepare-data a.txt b.txt --out data/mine --tokenizer bpe --vocab-size 8192", "train a BPE here"),
-    ("nanoplan estimate --data data/mine --budget 100", "plan on it: token count and vocab from meta.json"),
+    ("nanoplan prepare-data a.txt --out data/bpe --tokenizer bpe --vocab-size 8192", "train a BPE here"),
+    ("nanoplan estimate --data data/bpe --budget 100", "plan on it: token count and vocab from meta.json"),
 ))
 def prepare_data(
-    inputs: Annotated[List[str], typer.Argument(help="Text files to tokenise, in order", metavar="INPUT", show_default=False)],
+    inputs: Annotated[List[str], typer.Argument(help="Text files to tokenise, in order", metavar="FILE...", show_default=False)],
     out: Annotated[str, Opt("--out", metavar="DATA_DIR", help="DATA_DIR to write train.bin, val.bin, meta.json into")],
     tokenizer: Annotated[str, Opt(metavar="NAME", help="byte (vocab 256) | char (alphabet of the data) | bpe (trained here)")] = "byte",
     vocab_size: Annotated[Optional[int], Opt(metavar="N", help="bpe only: target vocabulary size (default 8192)")] = None,

@@ -92,7 +92,7 @@ def estimate(
     no_compile: Annotated[bool, Opt("--no-compile", hidden=True)] = False,
     headroom: Annotated[float, Opt(metavar="F", rich_help_panel=BATCH,
                                    help="Memory kept free beyond the fragmentation, a fraction of the GPU")] = 0.0,
-    gpu: Annotated[str, Opt(metavar="SPEC", rich_help_panel=HARDWARE,
+    gpu: Annotated[str, Opt("--gpu", "--gpus", metavar="SPEC", rich_help_panel=HARDWARE,
                             help="GPUs: H100, 8xH100, 8x A100, 2x8xH100 (nodes×GPUs×type), 2xCPU")] = "8xH100",
     provider: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=HARDWARE,
                                            help="Whose price: modal, aws, lambda, runpod, ... "
@@ -121,6 +121,9 @@ def estimate(
                                   help="Print the plan as JSON instead of tables")] = False,
     wide: Annotated[bool, Opt("--wide", metavar=FLAG, rich_help_panel=OUTPUT,
                               help="Show every column of the runners-up, however wide")] = False,
+    plot: Annotated[Optional[str], Opt(metavar="PNG", rich_help_panel=OUTPUT,
+                                       help="Also draw memory per GPU over one training step, by phase and part, "
+                                            "against the capacity, to this PNG (needs matplotlib)")] = None,
     run_dir: Annotated[str, Opt(metavar="DIR", rich_help_panel=OUTPUT,
                                 help="Run directory for nanoplan run")] = "runs/latest",
     checkpoint_every_minutes: Annotated[Optional[float], Opt(metavar="MIN", rich_help_panel=OUTPUT,
@@ -143,6 +146,10 @@ def estimate(
     if compile and no_compile:
         raise PlanError("--no-compile", "conflicts with --compile", "give one")
     compiled = True if compile else False if no_compile else None
+    if plot is not None and not plot.lower().endswith(".png"):
+        raise PlanError("--plot", f"{plot!r} is not a .png path", "e.g. --plot memory.png")
+    if plot is not None and trainer != "nanoplan":
+        raise PlanError("--plot", f"draws nanoplan's runner step, not {trainer}'s", "drop --plot or --trainer")
     budget_usd = parse_money(budget, "--budget") if budget is not None else None
     hours_h = parse_hours(hours, "--hours") if hours is not None else None
     n_steps = parse_count(steps, "--steps") if steps is not None else None
@@ -213,6 +220,8 @@ def estimate(
             console.print(Panel("\n".join(f"• {x}" for x in why), title=f"How {plan.model.name} fits" if plan.memory.fits
                                 else f"{plan.model.name} does not fit",
                                 title_align="left"))
+    if plot is not None:     # before the plan: the verdict stays the last line
+        _plot_memory(plan, plot, None if json_out else console)
     _emit(plan, write_to, json_out, console)
     if not plan.memory.fits:
         raise typer.Exit(1)
@@ -255,6 +264,20 @@ def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, bas
     return plan
 
 
+def _plot_memory(plan: Plan, path: str, console: Console | None) -> None:
+    """--plot: the planner walks the step phase by phase (planner/step_phases.py); nanoplan/memory_plot.py draws."""
+    from nanoplan.memory_plot import PlotError, draw  # noqa: PLC0415  (matplotlib only now)
+    from planner.step_phases import step_memory  # noqa: PLC0415
+
+    try:
+        draw(step_memory(plan).as_dict(), path)
+    except PlotError:
+        raise PlanError("--plot", "matplotlib is not installed",
+                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
+    if console is not None:
+        console.print(f"wrote {path} (memory per GPU over one step)", highlight=False)
+
+
 def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:
     """Optimizer steps for ~20 tokens per parameter (Hoffmann et al. 2022), at least one."""
     return max(1, math.ceil(CHINCHILLA_TOKENS_PER_PARAM * n_params(spec) / total_batch_tokens))
@@ -294,11 +317,14 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None
 
 
 @app.command(epilog=examples(("nanoplan profiles", "every GPU type, its figures and prices"),
+                             ("nanoplan profiles --wide", "every column, however narrow the terminal"),
                              ("nanoplan estimate --gpu 8xL40S --budget 100", "then plan on one of them")))
-def profiles() -> None:
+def profiles(
+    wide: Annotated[bool, Opt("--wide", metavar=FLAG, help="Every column, however wide the table")] = False,
+) -> None:
     """List the built-in hardware profiles and their prices."""
     from planner.profiles import builtin_profiles  # noqa: PLC0415
-    from planner.tables import Col, fit_table, print_table  # noqa: PLC0415
+    from planner.tables import Col, fit_table, hidden, print_table  # noqa: PLC0415
 
     console = Console()
     cols = [Col("name", 0, "left"), Col("memory", 0), Col("BF16 TFLOP/s", 0), Col("HBM TB/s", 2),
@@ -311,8 +337,12 @@ def profiles() -> None:
                      f"{p.intra_node_gb_s:g}/{p.inter_node_gb_s:g}", f"{p.default_mfu:.2f}",
                      f"{p.usable_bytes / 2**30:.1f} GiB",
                      f"${d.usd_per_gpu_hour:.2f} {d.provider} ({d.date})" + (f" +{others}" if others else "")])
-    print_table(console, fit_table(cols, rows, console.width, title="Hardware profiles (dense peaks; price per "
-                                   "GPU-hour, the default provider's)"))
+    table = fit_table(cols, rows, None if wide else console.width,
+                      title="Hardware profiles (dense peaks; price per GPU-hour, the default provider's)")
+    print_table(console, table)
+    gone = hidden(cols, table)
+    if gone:
+        console.print(f"Hidden at this width: {', '.join(gone)} (--wide shows all).", highlight=False)
     console.print("+N: more providers (--provider NAME). Every figure's source: hardware_profiles/*.yaml and "
                   "docs/hardware.md.", highlight=False)
 

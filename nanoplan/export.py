@@ -22,7 +22,7 @@ Opt = typer.Option
     ("nanoplan export plan.json --for deepspeed --out launch/", "ds_config.json and train.sh (docs/trainers.md)"),
 ))
 def export(
-    plan_path: Annotated[str, typer.Argument(metavar="PLAN", help="plan.json from nanoplan estimate --out")],
+    plan_path: Annotated[str, typer.Argument(metavar="PLAN.json", help="plan.json from nanoplan estimate --out")],
     slurm: Annotated[bool, Opt("--slurm", help="Write a SLURM sbatch script")] = False,
     skypilot: Annotated[bool, Opt("--skypilot", help="Write a SkyPilot task YAML")] = False,
     bucket: Annotated[Optional[str], Opt(metavar="URL|DIR",

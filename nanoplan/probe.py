@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from nanoplan.cli import app
+from nanoplan.common import FLAG, examples
 from planner.units import fmt_bytes
 
 if TYPE_CHECKING:
@@ -82,18 +83,27 @@ def print_probe(res: ProbeResult, console: Console | None = None) -> None:
     c.print(where)
 
 
-@app.command()
+@app.command(epilog=examples(
+    ("nanoplan probe plan.json", "measure the plan and its neighbours here; write plan.probed.json"),
+    ("nanoplan probe plan.json --warmup 1 --steps 2", "a quicker probe: fewer steps per trial"),
+    ("nanoplan probe plan.json --out runs/x/probed.json --dir runs/x/probe", "its files beside the run"),
+    ("nanoplan run plan.json --probe", "both in one: probe, then run the corrected plan"),
+))
 def probe(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN.json", help="plan.json from nanoplan estimate --out")],
-    out: Annotated[str, Opt(help="Write the corrected plan here")] = DEFAULT_OUT,
-    dir: Annotated[str, Opt("--dir", help="Trials, probe.json and the calibrated profile.yaml go here")] = DEFAULT_DIR,
-    data: Annotated[Optional[str], Opt(help="DATA_DIR from nanoplan prepare-data (default: the plan's)")] = None,
-    warmup: Annotated[int, Opt(help="Untimed steps per trial (the first compiles)")] = 3,
-    steps: Annotated[int, Opt(help="Timed steps per trial")] = 6,
-    trial_timeout: Annotated[float, Opt(help="Seconds before a trial is killed")] = 300.0,
-    timeout: Annotated[float, Opt(help="Seconds for the whole probe; later trials are skipped")] = 900.0,
-    force: Annotated[bool, Opt("--force", help="Probe despite device problems (a GPU plan on CPU)")] = False,
-    json_out: Annotated[bool, Opt("--json", help="Print probe.json instead of the tables")] = False,
+    out: Annotated[str, Opt(metavar="FILE", help="Write the corrected plan here")] = DEFAULT_OUT,
+    dir: Annotated[str, Opt("--dir", metavar="DIR", help="Trials, probe.json and the calibrated profile.yaml go "
+                                                          "here")] = DEFAULT_DIR,
+    data: Annotated[Optional[str], Opt(metavar="DIR", help="DATA_DIR from nanoplan prepare-data (default: the "
+                                                           "plan's)")] = None,
+    warmup: Annotated[int, Opt(metavar="N", help="Untimed steps per trial (the first compiles)")] = 3,
+    steps: Annotated[int, Opt(metavar="N", help="Timed steps per trial")] = 6,
+    trial_timeout: Annotated[float, Opt(metavar="SECONDS", help="Seconds before a trial is killed")] = 300.0,
+    timeout: Annotated[float, Opt(metavar="SECONDS", help="Seconds for the whole probe; later trials are "
+                                                          "skipped")] = 900.0,
+    force: Annotated[bool, Opt("--force", metavar=FLAG, help="Probe despite device problems (a GPU plan on "
+                                                             "CPU)")] = False,
+    json_out: Annotated[bool, Opt("--json", metavar=FLAG, help="Print probe.json instead of the tables")] = False,
 ) -> None:
     """Measure a plan on this machine (it and its neighbouring micro-batches), then write a corrected plan."""
     from runner.launcher import StopRequests  # noqa: PLC0415

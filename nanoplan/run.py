@@ -35,7 +35,7 @@ Opt = typer.Option
 @app.command(epilog=examples(
     ("nanoplan run plan.json --dry-run", "print the torchrun command, run nothing"),
     ("nanoplan run plan.json --data data/tiny", "train on a prepared DATA_DIR"),
-    ("nanoplan run plan.json --resume", "continue from the run dir's last checkpoint"),
+    ("nanoplan run plan.json --tensorboard", "also log to RUN_DIR/tensorboard (tensorboard --logdir runs)"),
     ("nanoplan run plan.json --node-rank 1 --rdzv-endpoint head:29500", "a second node of a 2-node plan"),
 ))
 def run(
@@ -51,6 +51,9 @@ def run(
     max_restarts: Annotated[int, Opt(metavar="N", help="torchrun restarts after a worker crash (each resumes)")] = DEFAULT_MAX_RESTARTS,
     probe: Annotated[bool, Opt("--probe", help="First measure the plan here (nanoplan probe), then run the corrected "
                                                "plan RUN_DIR/plan.probed.json")] = False,
+    tensorboard: Annotated[bool, Opt("--tensorboard", help="Also write loss, val loss, tokens/s, MFU, dollars and "
+                                                           "memory to RUN_DIR/tensorboard (needs the tensorboard "
+                                                           "package)")] = False,
 ) -> None:
     """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
     from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
@@ -61,9 +64,15 @@ def run(
         from runner.launcher import StopRequests  # noqa: PLC0415
 
         stops = StopRequests()     # a Ctrl-C from now on is never lost (nor a SIGTERM, nor a SIGHUP)
+    if tensorboard:
+        from runner.tensorboard_log import available  # noqa: PLC0415
+
+        if not available():
+            raise PlanError("--tensorboard", "needs the tensorboard package, which is not installed",
+                            "pip install 'nanoplan[tensorboard]' (or: pip install tensorboard)")
     try:
         _run(plan_path, run_dir, data, dry_run, resume, force, nnodes, node_rank, rdzv_endpoint, max_restarts,
-             probe, t0, stops)
+             probe, t0, stops, tensorboard)
     finally:
         if stops is not None:
             stops.restore()
@@ -71,7 +80,7 @@ def run(
 
 def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, resume: bool, force: bool,
          nnodes: int | None, node_rank: int, rdzv_endpoint: str | None, max_restarts: int, probe: bool,
-         t0: float, stops: StopRequests | None) -> None:
+         t0: float, stops: StopRequests | None, tensorboard: bool = False) -> None:
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
@@ -109,7 +118,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
 
             typer.echo(f"# --probe: nanoplan probe {plan_path} --out {rdir}/{PROBED_PLAN} --dir {rdir}/probe, then:")
             plan_path = f"{rdir}/{PROBED_PLAN}"
-        typer.echo(shlex.join(build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank,
+        typer.echo(("NANOPLAN_TENSORBOARD=1 " if tensorboard else "") + shlex.join(build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank,
                                             rdzv_endpoint=rdzv_endpoint, max_restarts=max_restarts, data=data,
                                             resume=resume, force=force)))
         return
@@ -154,8 +163,16 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
             _preflight(plan, plan_path, rpath, data, resume, force)
         cmd = build_command(plan, plan_path, rdir, nnodes=nodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint,
                             max_restarts=max_restarts, data=data, resume=resume, force=force)
-        typer.echo(f"launching: {shlex.join(cmd)}", err=True)
+        import sys  # noqa: PLC0415
+
+        from nanoplan.common import output_width, wrap_command  # noqa: PLC0415
+
+        typer.echo(wrap_command("launching: ", cmd, output_width(sys.stderr)), err=True)
         env = launch_env(plan)
+        if tensorboard:
+            from runner.tensorboard_log import ENV as ENV_TENSORBOARD  # noqa: PLC0415
+
+            env[ENV_TENSORBOARD] = "1"
         env[ENV_LAUNCH_ID] = launch.id
         env[ENV_LAUNCH_T0] = repr(t0)
         env[ENV_LAUNCH_PID] = str(os.getpid())
@@ -216,8 +233,13 @@ def _preflight(plan: Plan, plan_path: str, rpath: Path, data: str | None, resume
     for note in pf.notes:
         typer.echo(f"note: {note}", err=True)
     if pf.problems:
-        more = f" (+{len(pf.problems) - 1} more)" if len(pf.problems) > 1 else ""
-        if not force:
-            raise PlanError("preflight", pf.problems[0] + more, "fix it, or pass --force to launch anyway")
+        if not force:      # every problem on its own line, so that one fix does not just reveal the next
+            from nanoplan.cli import echo_err  # noqa: PLC0415
+
+            for p in pf.problems:
+                echo_err(f"error: preflight: {p}")
+            fix = "fix it" if len(pf.problems) == 1 else f"fix these {len(pf.problems)}"
+            echo_err(f"hint: {fix}, or pass --force to launch anyway")
+            raise typer.Exit(2)
         for p in pf.problems:
             typer.echo(f"warning: preflight: {p} (--force)", err=True)

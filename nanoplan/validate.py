@@ -21,7 +21,7 @@ Opt = typer.Option
     ("nanoplan validate plan.json --trace", "also trace the real training step (imports torch)"),
 ))
 def validate(
-    plans: Annotated[List[str], typer.Argument(help="plan.json files (from nanoplan estimate --out)")],
+    plans: Annotated[List[str], typer.Argument(metavar="PLAN.json...", help="plan.json files (from nanoplan estimate --out)")],
     trace: Annotated[bool, Opt("--trace", help="Also trace each plan's real training step (imports torch)")] = False,
     json_out: Annotated[bool, Opt("--json", help="Print a JSON list, one object per plan")] = False,
     headroom: Annotated[float, Opt(metavar="F", help="Memory kept free beyond the fragmentation, a fraction of the GPU")] = 0.0,
@@ -56,9 +56,11 @@ def _print(checks: list, trace: bool) -> None:
         rows.append([c.path, c.name, c.gpu, fmt_bytes(c.analytic_peak_bytes), *traced, fmt_bytes(c.per_gpu_bytes),
                      fmt_bytes(c.capacity_bytes), _yes(c.fits), _yes(c.consistent)])
     console = Console()     # the terminal's width, or $COLUMNS (80 when neither is known)
-    t = fit_table(cols, rows, console.width, title="nanoplan validate: bytes per GPU (allocated peak; total adds "
-                  "the profile's overheads)")
+    t = fit_table(cols, rows, console.width)
     gone = hidden(cols, t)
+    # the title wraps at the terminal's width, not the table's (a rich table title wraps at the table's)
+    console.print("nanoplan validate: bytes per GPU (allocated peak; total adds the profile's overheads)",
+                  style="italic", highlight=False)
     print_table(console, t)
     if gone:
         console.print(f"Hidden at this width: {', '.join(gone)} (--json shows all).", style="dim", highlight=False)

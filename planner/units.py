@@ -14,11 +14,19 @@ GiB = 1024**3
 MiB = 1024**2
 
 
+def _refuse_negative(text: str, field: str) -> None:
+    """'-5', '$-5', '-$5', '-1.5h': a number below zero is refused as such (not as unreadable), in one line."""
+    t = text.strip().replace(" ", "").removeprefix("$")
+    if t[:1] in ("-", "\u2212") and re.match(r"^\$?[0-9.]", t[1:]):
+        raise PlanError(field, f"must be positive, got {text.strip()!r}")
+
+
 def parse_count(text: str | float | int, field: str = "value") -> int:
     """'350M' -> 350_000_000; '1.2B' -> 1_200_000_000; '5e9' -> 5_000_000_000."""
     if isinstance(text, (int, float)):
         value = float(text)
     else:
+        _refuse_negative(str(text), field)
         m = _NUM.match(str(text).replace("_", "").replace(",", ""))
         if not m:
             raise PlanError(field, f"cannot read {text!r} as a count", "use e.g. 350M, 1.2B or 5e9")
@@ -66,6 +74,7 @@ def parse_money(text: str | float | int, field: str = "--budget") -> float:
             raise PlanError(field, f"{raw!r} looks like a dollar amount the shell cut: unquoted, '{was}' reaches "
                             f"nanoplan as {raw.strip()!r} ($1 is a shell variable)",
                             f"quote it ({field} '{was}') or leave out the $ ({field} {was[1:]})")
+        _refuse_negative(raw, field)
         t = raw.strip().lower().removesuffix("usd").strip().removeprefix("$").removeprefix("usd").strip()
         m = _DOLLARS.match(t)
         if not m or ("," in m.group("num") and not _GROUPED.match(m.group("num").replace("_", ""))):
@@ -113,6 +122,7 @@ def parse_hours(text: str | float, field: str = "--hours") -> float:
     if isinstance(text, (int, float)):
         value = float(text)
     else:
+        _refuse_negative(str(text), field)
         m = _DURATION.match(str(text).strip())
         if not m:
             raise PlanError(field, f"cannot read {text!r} as a duration", "use e.g. 12, 1.5h, 90m or 2d")

@@ -2,9 +2,11 @@
 
 It says where the run is going: the projected final step and tokens (runner/schedule.py), the
 validation loss, tokens/s averaged over the last SMOOTH_STEPS steps (one step's figure jumps), and
-"behind plan by X%" when that average is below the plan's tokens/s. At the end `summary` prints
-planned against achieved tokens, steps, dollars and the final loss; runner/train.py also writes
-that summary into stop.json (`stop_summary`).
+how that average compares with the plan's tokens/s ("-12% vs plan": 12% slower; the same words
+as probe's "vs plan" column). When the run has stopped, the panel says why and where its last
+checkpoint is (`finish`) instead of the time to the next one. At the end `summary` prints planned
+against achieved tokens, steps, time (in s, min or h), dollars and the final loss; runner/train.py
+also writes that summary into stop.json (`stop_summary`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ if TYPE_CHECKING:
 
 PLAIN_EVERY_S = 5.0
 SMOOTH_STEPS = 20          # tokens/s is averaged over this many steps
-BEHIND_SHOWN_FROM = 0.01   # "behind plan" is shown from 1% below the plan's tokens/s
 
 
 def fmt_duration(seconds: float | None) -> str:
@@ -53,19 +54,29 @@ class Smoother:
         return sum(t for t, _ in self._steps) / secs if secs > 0 else None
 
 
-def behind_plan(smoothed: float | None, planned: float | None) -> float | None:
-    """Fraction by which the measured tokens/s is below the plan's (None when not behind)."""
+def vs_plan(smoothed: float | None, planned: float | None) -> float | None:
+    """Measured tokens/s against the plan's, as a signed fraction (-0.12: 12% slower); None without both."""
     if not smoothed or not planned:
         return None
-    gap = 1.0 - smoothed / planned
-    return gap if gap >= BEHIND_SHOWN_FROM else None
+    return smoothed / planned - 1.0
 
 
 def _speed(view: dict[str, Any], unit: str = "") -> str:
     s = (f"{view['smoothed']:,.0f}" if view["smoothed"] is not None else "-") + unit
-    if view["behind"] is not None:
-        s += f" (behind plan by {view['behind']:.0%})"
+    if view["vs_plan"] is not None:
+        s += f" ({view['vs_plan']:+.0%} vs plan)"
     return s
+
+
+def fmt_hours(hours: float | None) -> str:
+    """A duration in the unit that reads best: 6.6 s, 12.5 min, 31.6 h."""
+    if hours is None or not math.isfinite(hours):
+        return "-"
+    if hours >= 1:
+        return f"{hours:,.1f} h"
+    if hours * 60 >= 1:
+        return f"{hours * 60:.1f} min"
+    return f"{hours * 3600:.1f} s"
 
 
 def _projected(row: dict[str, Any]) -> str:
@@ -76,8 +87,11 @@ def _projected(row: dict[str, Any]) -> str:
     return f"step {proj:,}" + (f", {fmt_count(tokens)} tokens" if tokens else "")
 
 
-def _table(row: dict[str, Any], view: dict[str, Any], budget_usd: float | None) -> Table:
-    t = Table(show_header=False, box=None, title="nanoplan run", title_justify="left")
+def _table(row: dict[str, Any], view: dict[str, Any], budget_usd: float | None,
+           stopped: tuple[str, str] | None = None) -> Table:
+    """The live panel; `stopped` (why, last checkpoint) replaces the countdowns once the run has ended."""
+    t = Table(show_header=False, box=None, title="nanoplan run" + (" (stopped)" if stopped else ""),
+              title_justify="left")
     t.add_column(style="bold cyan")
     t.add_column()
     val = row.get("val_loss", view.get("val_loss"))
@@ -90,8 +104,10 @@ def _table(row: dict[str, Any], view: dict[str, Any], budget_usd: float | None) 
         ("MFU", f"{row['mfu'] * 100:.1f}%"),
         ("spent", spent),
         ("elapsed", fmt_duration(row["elapsed_hours"] * 3600)),
-        ("auto-stop in", fmt_duration(row.get("seconds_to_stop"))),
-        ("next checkpoint in", fmt_duration(row.get("seconds_to_checkpoint"))),
+        *((("stopped", stopped[0]), ("last checkpoint", stopped[1])) if stopped else (
+            ("auto-stop in", fmt_duration(row.get("seconds_to_stop")) if row.get("seconds_to_stop") is not None
+             else f"- (no deadline: stops at step {row['total_steps']:,})"),
+            ("next checkpoint in", fmt_duration(row.get("seconds_to_checkpoint"))))),
     ):
         t.add_row(k, v)
     return t
@@ -125,7 +141,7 @@ def summary_lines(s: dict[str, Any]) -> list[str]:
         "summary         planned        achieved",
         f"  steps   {p['steps']:>14,}  {a['steps']:>14,}{pct(a['steps'], p['steps'])}",
         f"  tokens  {fmt_count(p['tokens']):>14}  {fmt_count(a['tokens']):>14}{pct(a['tokens'], p['tokens'])}",
-        f"  hours   {p['hours']:>14.4g}  {a['hours']:>14.4g}",
+        f"  time    {fmt_hours(p['hours']):>14}  {fmt_hours(a['hours']):>14}",
         f"  dollars {'$' + format(p['usd'], ',.2f'):>14}  {'$' + format(a['usd'], ',.2f'):>14}",
         f"  final loss {loss}",
     ]
@@ -146,6 +162,7 @@ class Display:
         self._speed = Smoother()
         self._val: float | None = None
         self._prev_tokens: float | None = None
+        self._last: tuple[dict[str, Any], dict[str, Any]] | None = None    # the last row and its view
 
     def __enter__(self) -> Display:
         if self.live_mode:
@@ -155,8 +172,18 @@ class Display:
 
     def __exit__(self, *exc: object) -> None:
         if self._live is not None:
+            if self._last is not None and exc and exc[0] is not None:   # an error: no countdown left behind
+                self._live.update(_table(*self._last, self.budget_usd, stopped=("error", "-")))
             self._live.__exit__(None, None, None)
             self._live = None
+
+    def finish(self, reason: str | None, checkpoint: str | None) -> None:
+        """The run has stopped: the panel's countdowns give way to why, and the last checkpoint."""
+        if self._live is not None and self._last is not None:
+            row, view = self._last
+            where = checkpoint.rstrip("/").rsplit("/", 1)[-1] if checkpoint else "-"
+            self._live.update(_table(row, view, self.budget_usd,
+                                     stopped=(f"{reason or 'ended'} at step {row['step']:,}", where)))
 
     def view(self, row: dict[str, Any]) -> dict[str, Any]:
         """Fold one metrics row into the window; the smoothed speed, the gap to plan, the last val loss."""
@@ -168,13 +195,14 @@ class Display:
         if row.get("val_loss") is not None:
             self._val = row["val_loss"]
         smoothed = self._speed.value() or row.get("tokens_per_sec")
-        return {"smoothed": smoothed, "behind": behind_plan(smoothed, self.planned_tokens_per_sec),
+        return {"smoothed": smoothed, "vs_plan": vs_plan(smoothed, self.planned_tokens_per_sec),
                 "val_loss": self._val}
 
     def update(self, row: dict[str, Any]) -> None:
         if not self.enabled:
             return
         view = self.view(row)
+        self._last = (row, view)
         if self._live is not None:
             self._live.update(_table(row, view, self.budget_usd))
             return
@@ -184,7 +212,7 @@ class Display:
             self.log(self.plain(row, view))
 
     def plain(self, row: dict[str, Any], view: dict[str, Any] | None = None) -> str:
-        view = view or {"smoothed": row.get("tokens_per_sec"), "behind": None, "val_loss": None}
+        view = view or {"smoothed": row.get("tokens_per_sec"), "vs_plan": None, "val_loss": None}
         val = row.get("val_loss", view.get("val_loss"))
         proj = row.get("projected_steps")
         ends = f" (ends at {proj:,})" if proj is not None and proj != row["total_steps"] else ""
@@ -203,8 +231,10 @@ class Display:
             return
         try:
             if self._live is not None:
-                self._live.console.print(msg)
-            else:
+                self._live.console.print(msg, markup=False, highlight=False)
+            elif self.live_mode:     # a terminal: wrap between words, never inside a path or a number
+                self.console.print(msg, markup=False, highlight=False)
+            else:                    # a pipe or a log file: whole lines, for grep
                 print(msg, flush=True)
         except OSError:  # a closed stdout (broken pipe) must not stop training
             self.enabled = False

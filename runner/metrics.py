@@ -1,4 +1,5 @@
-"""RUN_DIR/metrics.jsonl (one JSON object per optimizer step), run_info.json, and TensorBoard.
+"""RUN_DIR/metrics.jsonl (one JSON object per optimizer step), run_info.json, and (optionally, see
+runner/tensorboard_log.py) TensorBoard.
 
 Keys of every metrics line (other tools read them; keep the names):
 step, total_steps, loss, lr, grad_norm, tokens_per_sec, mfu, step_seconds, elapsed_hours,
@@ -28,11 +29,11 @@ from planner.errors import DuplicateKeyError, PlanError, strict_json_loads
 from planner.plan import atomic_write_text
 from planner.throughput import measured_mfu
 from runner.runfiles import MetricsRow, RunInfo, problem_of, read_json_file
+from runner.tensorboard_log import open_log
 
 METRICS = "metrics.jsonl"
 RUN_INFO = "run_info.json"
 STOP = "stop.json"
-ENV_TENSORBOARD = "NANOPLAN_TENSORBOARD"
 
 
 def mfu(tokens_per_sec: float, flops_per_token: float, world_size: int, peak_flops_per_gpu: float) -> float:
@@ -131,7 +132,8 @@ def _clean(v: Any) -> Any:
 
 
 class MetricsLog:
-    """Appends metrics lines (rank 0 only) and mirrors numbers to TensorBoard when installed."""
+    """Appends metrics lines (rank 0 only); mirrors them to TensorBoard when asked for (tensorboard None:
+    NANOPLAN_TENSORBOARD=1) and installed."""
 
     def __init__(self, run_dir: str | Path, enabled: bool = True, tensorboard: bool | None = None,
                  fail: tuple[int, int] | None = None) -> None:
@@ -148,15 +150,7 @@ class MetricsLog:
         self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
         if torn:
             self._f.write("\n")
-        if tensorboard is None:
-            tensorboard = os.environ.get(ENV_TENSORBOARD, "1") != "0"
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-            except ImportError:
-                SummaryWriter = None  # noqa: N806
-            if SummaryWriter is not None:
-                self._tb = SummaryWriter(log_dir=str(Path(run_dir) / "tensorboard"))
+        self._tb = open_log(run_dir, tensorboard)
 
     def write(self, row: dict[str, Any]) -> None:
         """Append one line and flush it. An OSError (disk full) propagates; the caller stops the run."""
@@ -169,10 +163,7 @@ class MetricsLog:
         self._f.write(json.dumps(row) + "\n")
         self._f.flush()
         if self._tb is not None:
-            step = int(row["step"])
-            for k, v in row.items():
-                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
-                    self._tb.add_scalar(k, v, step)
+            self._tb.write(row)
 
     def close(self) -> None:
         if self._f is not None:

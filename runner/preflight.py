@@ -218,8 +218,12 @@ def check_devices(plan: Plan, force_cpu: bool = False) -> tuple[list[str], list[
 
     n = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if n < per_node:
-        problems.append(f"the plan needs {per_node} CUDA GPUs on this node, {n} visible; "
-                        "run on the planned machine or set CUDA_VISIBLE_DEVICES")
+        hidden_by = os.environ.get("CUDA_VISIBLE_DEVICES")
+        fix = (f"CUDA_VISIBLE_DEVICES={hidden_by} hides the others: widen it, or run on the planned machine"
+               if n and hidden_by is not None else "run it on the planned machine, or plan for this one "
+               f"(nanoplan estimate --gpu {f'{n}x<GPU>' if n else f'{min(os.cpu_count() or 1, per_node)}xCPU'} ...)")
+        problems.append(f"the plan needs {per_node} CUDA GPUs on this node, "
+                        f"{n if n else 'and this machine has none'}{' visible' if n else ''}; {fix}")
         return problems, notes
     for i in range(per_node):
         props = torch.cuda.get_device_properties(i)

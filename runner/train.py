@@ -278,6 +278,7 @@ class Trainer:
                     reason = "write_error"
                 prev_real, prev_budget = self.clock.real(), self.clock.budget()
             final, reason = self._final_checkpoint(step, reason)
+            self.display.finish(reason, str(final) if final else None)   # no countdown left on screen
         self._close_metrics(metrics)
         return self._finish(step, reason, final)
 

@@ -5,26 +5,45 @@ A block that starts with ```console is rendered: each line starting with `$ ` is
 is its output, which this script replaces with what the command prints today (stdout and
 stderr together). An HTML comment on the line before a block changes that:
 
-    <!-- docs: skip -->          left exactly as it is, and not run by the tests (slow, GPU, installs)
-    <!-- docs: no-test -->       rendered here, but not run by tests/test_readme_commands.py
+    <!-- docs: skip -->          left exactly as it is, never run (installs, GPU commands)
+    <!-- docs: no-check -->      re-rendered by this script, but not run by --check (CI): a slow block
+    <!-- docs: shape -->         --check compares the output's shape, not its digits (machine-dependent)
+    <!-- docs: timings -->       --check compares the output exactly, except durations and rates
     <!-- docs: columns=120 -->   the terminal width for this block (default 80)
     <!-- docs: timeout=300 -->   seconds per command (default 600)
     <!-- docs: rc=2 -->          the exit code every command of the block must give (default 0)
+    <!-- docs: skip, why=it installs packages -->   `why=` (last) says why a block is not run
 
-Options combine with commas: `<!-- docs: columns=120, no-test -->`.
+Options combine with commas: `<!-- docs: columns=120, shape -->`. `why=` takes the rest of the
+comment, commas included; skip and no-check blocks must give one.
+
+Shape, for blocks whose digits depend on the machine (probe, run, calibrate, timings): the output
+and the recorded one must hold the same words and symbols in the same order, where
+  - every number, with the unit right after it (12.5 s, 3 min, 18.0 MB/s, 9.3 MiB, 30.7k, 47%,
+    $0.00, 0m05s), counts as one placeholder, so "6.1 s" matches "1.2 min";
+  - spacing and line breaks do not count (column widths and wrapping follow the digits);
+  - row markers (* and ★, the row a measurement picked) do not count, nor the length of a ─ rule;
+  - a line that repeats the line before it with other numbers (progress lines) counts once.
+A `timings` block is compared the same way, but only durations and rates (a number followed by
+ns/us/ms/s/min/h, or by a unit per second) are placeholders: every other digit must match.
+Any other block must match exactly. The interpreter's path prints as `python`, the scratch
+copy's path as `.`, in every block.
 
 All blocks of one file run in order in one fresh scratch copy of the repository (tracked and
 untracked, not ignored, files), so later blocks see the files earlier ones wrote and nothing is
-written into the working tree. Commands run under `bash -o pipefail` with COLUMNS set, stdin
-closed and the copy's own code first on PYTHONPATH; `nanoplan` on PATH runs the copy's CLI.
-A command whose exit code is not the expected one stops the render of that file and nothing is
-written. Without `rc=`, a non-zero exit is accepted only when the output the file shows for that
-command already has an `error:` line (a documented failure); to show an exit code, end the command
-with `; echo "exit code $?"`.
+written into the working tree. Documented commands may write only where git ignores (a file a
+reader's `git status` would show is an error): the tour's outputs go to ignored paths.
+Commands run under `bash -o pipefail` with COLUMNS set, stdin closed and the copy's own code first
+on PYTHONPATH; `nanoplan` on PATH runs the copy's CLI. A command whose exit code is not the
+expected one stops the render of that file and nothing is written. Without `rc=`, a non-zero exit
+is accepted only when the output the file shows for that command already has an `error:` line (a
+documented failure); to show an exit code, end the command with `; echo "exit code $?"`.
 
     python scripts/render_docs.py                  # README.md and docs/*.md
     python scripts/render_docs.py docs/running.md  # one file
     python scripts/render_docs.py --check          # list the blocks whose output changed; write nothing
+
+Each command's wall time is logged on stderr (`--check` runs in CI: keep it fast).
 """
 
 from __future__ import annotations
@@ -36,6 +55,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,9 +91,15 @@ class Block:
         return "skip" in self.options
 
     @property
-    def tested(self) -> bool:
-        """True when tests/test_readme_commands.py runs this block."""
-        return not self.skip and "no-test" not in self.options
+    def checked(self) -> bool:
+        """True when --check (CI) runs this block."""
+        return not self.skip and "no-check" not in self.options
+
+    @property
+    def mode(self) -> str:
+        """How --check compares the block's output: 'exact', 'shape' or 'timings'."""
+        modes = [m for m in ("shape", "timings") if m in self.options]
+        return modes[0] if modes else "exact"
 
     @property
     def columns(self) -> int:
@@ -94,17 +120,30 @@ class Block:
         return float(self.options.get("timeout", DEFAULT_TIMEOUT))
 
 
+KNOWN_OPTIONS = ("skip", "no-check", "shape", "timings", "columns", "timeout", "rc", "why")
+
+
 def _options(line: str) -> dict[str, str] | None:
     match = _DIRECTIVE.match(line)
     if match is None:
         return None
     out: dict[str, str] = {}
-    for part in match.group(1).split(","):
+    text, _, why = match.group(1).partition("why=")
+    if why:
+        out["why"] = why.strip()
+    for part in text.split(","):
         part = part.strip()
         if not part:
             continue
         key, _, value = part.partition("=")
         out[key.strip()] = value.strip()
+    unknown = [k for k in out if k not in KNOWN_OPTIONS]
+    if unknown:
+        raise ValueError(f"unknown docs option {unknown[0]!r} in {line.strip()!r}; known: {', '.join(KNOWN_OPTIONS)}")
+    if ("skip" in out or "no-check" in out) and not out.get("why"):
+        raise ValueError(f"{line.strip()!r}: a block that is not run says why (add `, why=...`)")
+    if "shape" in out and "timings" in out:
+        raise ValueError(f"{line.strip()!r}: give one of shape or timings")
     return out
 
 
@@ -164,7 +203,10 @@ def parse(text: str) -> tuple[list[str], list[Block]]:
         k = i - 1
         while k >= 0 and not lines[k].strip():
             k -= 1
-        options = (_options(lines[k]) if k >= 0 else None) or {}
+        try:
+            options = (_options(lines[k]) if k >= 0 else None) or {}
+        except ValueError as exc:
+            raise ValueError(f"line {k + 1}: {exc}") from None
         body = lines[i + 1:j]
         if lang == "console":
             commands = _parse_console(body)
@@ -226,10 +268,20 @@ class Result:
     command: str
     returncode: int
     output: list[str]
+    seconds: float = 0.0           # wall clock
+    cpu_seconds: float = 0.0       # user + system time of the command and its children
+
+
+def _children_cpu() -> float:
+    import resource  # noqa: PLC0415  (POSIX only, like bash)
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def run_command(cmd: str, workdir: Path, columns: int, timeout: float) -> Result:
     """Run one documented command in workdir; stdout and stderr together, cleaned up."""
+    t0, c0 = time.perf_counter(), _children_cpu()
     try:
         proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=workdir,
                               env=command_env(workdir, columns), stdin=subprocess.DEVNULL,
@@ -238,11 +290,50 @@ def run_command(cmd: str, workdir: Path, columns: int, timeout: float) -> Result
     except subprocess.TimeoutExpired as exc:
         raw = (exc.stdout or b"").decode("utf-8", "replace") + f"\n(timed out after {timeout:.0f} s)"
         code = 124
-    text = raw.replace(str(workdir) + "/", "").replace(str(workdir), ".")
+    text = raw.replace(str(workdir) + "/", "").replace(str(workdir), ".").replace(sys.executable, "python")
     out = [line.rstrip() for line in text.split("\n")]
     while out and not out[-1]:
         out.pop()
-    return Result(command=cmd, returncode=code, output=out)
+    return Result(command=cmd, returncode=code, output=out, seconds=time.perf_counter() - t0,
+                  cpu_seconds=_children_cpu() - c0)
+
+
+# ---------------------------------------------------------------- shape: machine-dependent output
+
+_NUM = r"[-+−]?\$?(?:\d+(?:,\d{3})*(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
+_TIME_UNITS = r"ns|us|µs|ms|s|sec|min|h"
+_DURATION = r"\d+h\d+m\d+s|\d+m\d+s"          # the run display's 1h02m03s and 0m05s
+# shape: a number and the unit that changes with its magnitude (bytes, time, a count suffix, %) are one
+_SHAPE_NUM = re.compile(_DURATION + "|" + _NUM + r"(?:\s?(?:[kKMGTP]i?B(?:/s)?|B/s|" + _TIME_UNITS
+                        + r")(?![A-Za-z])|[kMBT%](?![A-Za-z]))?")
+# timings: only durations (12.5 s, 0m05s) and rates (18.0 MB/s, 3,210 tok/s)
+_TIMING = re.compile(_DURATION + "|" + _NUM + r"\s?(?:" + _TIME_UNITS + r"|[A-Za-z]+/s)(?![A-Za-z])")
+_RULE = re.compile(r"^[─━═]+$")
+PLACEHOLDER = "#"
+
+
+def skeleton(lines: list[str], mode: str) -> list[str]:
+    """The words and symbols --check compares for a `shape` or `timings` block (see the module doc)."""
+    pattern = _SHAPE_NUM if mode == "shape" else _TIMING
+    out: list[str] = []
+    previous: list[str] | None = None
+    for line in lines:
+        text = pattern.sub(PLACEHOLDER, line)
+        if mode == "shape":
+            text = text.replace("*", " ").replace("★", " ")
+        tokens = ["─" if _RULE.match(t) else t for t in text.split()]
+        if not tokens or tokens == previous:      # blank, or a progress line repeated
+            continue
+        previous = tokens
+        out.extend(tokens)
+    return out
+
+
+def same_output(block: Block, recorded: list[str], now: list[str]) -> bool:
+    """Whether a command's output still matches the recorded one, as the block's mode compares."""
+    if block.mode == "exact":
+        return recorded == now
+    return skeleton(recorded, block.mode) == skeleton(now, block.mode)
 
 
 def ok(block: Block, command: Command, result: Result) -> bool:
@@ -254,29 +345,28 @@ def ok(block: Block, command: Command, result: Result) -> bool:
     return result.returncode == expected
 
 
-def run_blocks(blocks: list[Block], workdir: Path, *, tested_only: bool = False,
+def run_blocks(blocks: list[Block], workdir: Path, *, check: bool = False,
                log=None) -> list[tuple[Block, Command, Result]]:
-    """Run the commands of the blocks, in order, in workdir; stop at the first failure."""
+    """Run the commands of the console blocks, in order, in workdir; stop at the first failure.
+    With check, the no-check blocks are left out."""
     done: list[tuple[Block, Command, Result]] = []
     for block in blocks:
-        if block.skip or not block.commands or (tested_only and not block.tested):
-            continue
-        if block.lang != "console" and not tested_only:
+        if block.skip or not block.commands or block.lang != "console" or (check and not block.checked):
             continue
         for command in block.commands:
-            if log is not None:
-                log(f"  $ {command.text}")
             result = run_command(command.text, workdir, block.columns, block.timeout)
+            if log is not None:
+                log(f"  {result.seconds:6.1f} s {result.cpu_seconds:6.1f} s cpu  $ {command.text}")
             done.append((block, command, result))
             if not ok(block, command, result):
                 return done
     return done
 
 
-def render_text(text: str, workdir: Path, log=None) -> tuple[str, list[str]]:
+def render_text(text: str, workdir: Path, log=None, check: bool = False) -> tuple[str, list[str]]:
     """The file with every console block re-run; also the commands whose output changed."""
     lines, blocks = parse(text)
-    results = run_blocks(blocks, workdir, log=log)
+    results = run_blocks(blocks, workdir, log=log, check=check)
     for block, command, result in results:
         if not ok(block, command, result):
             shown = "\n".join(result.output[-20:])
@@ -285,7 +375,7 @@ def render_text(text: str, workdir: Path, log=None) -> tuple[str, list[str]]:
     by_block: dict[int, list[tuple[Command, Result]]] = {}
     for block, command, result in results:
         by_block.setdefault(block.start, []).append((command, result))
-        if command.output != result.output:
+        if not same_output(block, command.output, result.output):
             changed.append(command.text)
     out: list[str] = []
     cursor = 0
@@ -301,6 +391,29 @@ def render_text(text: str, workdir: Path, log=None) -> tuple[str, list[str]]:
     return "\n".join(out), changed
 
 
+# ---------------------------------------------------------------- documented commands write only where git ignores
+
+def files_under(root: Path) -> set[str]:
+    """Every file below root, as paths relative to it (the docs' own .docs-bin left out)."""
+    return {str(p.relative_to(root)) for p in root.rglob("*")
+            if (p.is_file() or p.is_symlink()) and p.relative_to(root).parts[0] != ".docs-bin"}
+
+
+def stray_files(names: set[str], repo: Path = ROOT) -> list[str]:
+    """The names that git (repo's .gitignore files) does not ignore: what `git status` would show."""
+    if not names:
+        return []
+    try:
+        proc = subprocess.run(["git", "check-ignore", "--no-index", "--stdin", "-z"], cwd=repo,
+                              input="\0".join(sorted(names)).encode(), capture_output=True)
+    except OSError:
+        return []
+    if proc.returncode not in (0, 1):          # not a git checkout: nothing to compare with
+        return []
+    ignored = set(proc.stdout.decode().split("\0"))
+    return sorted(n for n in names if n not in ignored)
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
@@ -312,37 +425,63 @@ def default_files(root: Path = ROOT) -> list[Path]:
     return [root / "README.md", *sorted((root / "docs").glob("*.md"))]
 
 
+def render_file(path: Path, check: bool, log) -> tuple[str, list[str]]:
+    """Run one file's blocks in a scratch copy: (the re-rendered text, the commands whose output changed).
+    RuntimeError when a command fails or the commands wrote a file git does not ignore."""
+    text = path.read_text()
+    with tempfile.TemporaryDirectory(prefix="nanoplan-docs-") as tmp:
+        workdir = scratch_copy(Path(tmp))
+        before = files_under(workdir)
+        new, changed = render_text(text, workdir, log=log, check=check)
+        stray = stray_files(files_under(workdir) - before)
+    if stray:
+        raise RuntimeError(f"the commands wrote {len(stray)} file(s) that git does not ignore: "
+                           f"{', '.join(stray[:8])}{' ...' if len(stray) > 8 else ''}; write to an ignored "
+                           "path (see .gitignore) so that a reader's checkout stays clean")
+    return new, changed
+
+
 def main(argv: list[str] | None = None) -> int:
     """Render the given markdown files (default: README.md and docs/*.md)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", type=Path)
     parser.add_argument("--check", action="store_true",
-                        help="run everything, report blocks whose output changed, write nothing")
+                        help="run every checked block, report those whose output changed, write nothing")
     args = parser.parse_args(argv)
     files = args.files or default_files()
     status = 0
+    t0, c0 = time.perf_counter(), _children_cpu()
+
+    def log(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
     for path in files:
         path = path.resolve()
-        text = path.read_text()
-        _, blocks = parse(text)
-        if not any(b.lang == "console" and not b.skip and b.commands for b in blocks):
+        name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        try:
+            _, blocks = parse(path.read_text())
+        except ValueError as exc:
+            log(f"error: {name}: {exc}")
+            status = 1
             continue
-        print(f"{path.relative_to(ROOT)}:", file=sys.stderr)
-        with tempfile.TemporaryDirectory(prefix="nanoplan-docs-") as tmp:
-            workdir = scratch_copy(Path(tmp))
-            try:
-                new, changed = render_text(text, workdir,
-                                           log=lambda m: print(m, file=sys.stderr))
-            except RuntimeError as exc:
-                print(f"error: {path.relative_to(ROOT)}: {exc}", file=sys.stderr)
-                status = 1
-                continue
+        if not any(b.lang == "console" and b.commands and not b.skip and (b.checked or not args.check)
+                   for b in blocks):
+            continue
+        log(f"{name}:")
+        try:
+            new, changed = render_file(path, args.check, log)
+        except RuntimeError as exc:
+            log(f"error: {name}: {exc}")
+            status = 1
+            continue
         for cmd in changed:
-            print(f"  changed: $ {cmd}", file=sys.stderr)
+            log(f"  changed: $ {cmd}")
         if args.check:
             status = status or (1 if changed else 0)
-        elif new != text:
+        elif new != path.read_text():
             _write_atomic(path, new)
+    log(f"{'checked' if args.check else 'rendered'} in {time.perf_counter() - t0:.0f} s "
+        f"({_children_cpu() - c0:.0f} s of CPU)")
     return status
 
 

@@ -144,8 +144,8 @@ def test_bad_input_exit_2(monkeypatch, capsys, args, field) -> None:
     code, _, err = run_main(monkeypatch, capsys, *args)
     line, hint = error_and_hint(err)
     assert code == 2 and field in line, err
-    # compare has no --gpu, --steps or --profile: its errors never name them
-    for missing in ("--gpu ", "--gpu:", "--steps", "--profile"):
+    # compare has no --profile or --trainer (estimate's): its errors never name them
+    for missing in ("--profile", "--trainer"):
         assert missing not in f"{line} {hint} ", err
 
 

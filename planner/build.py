@@ -132,6 +132,14 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
     return out
 
 
+def checkpoint_disk_bytes(num_checkpoints: int, keep_last: int, checkpoint_bytes: int) -> int:
+    """The most checkpoint bytes on disk at once: the kept ones (keep_last + the best) plus the one being
+    written, since retention frees an old checkpoint only after the new one is complete. The runner also
+    writes one right after step 1 (to time the write) and a final one, so at most num_checkpoints + 2 exist.
+    plan.schedule.storage_bytes and the runner's preflight both use this."""
+    return min(num_checkpoints + 2, keep_last + 2) * checkpoint_bytes
+
+
 def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     """Derive every number of a plan from its request."""
     hw = hardware_of(req)
@@ -186,7 +194,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     epochs = tokens / req.dataset_tokens if req.dataset_tokens else None
     ckpt_steps = max(1, round(ckpt_minutes * 60 / tp.step_seconds))
     n_ckpt = max(1, math.ceil(steps / ckpt_steps))
-    storage = min(n_ckpt, req.keep_last + 1) * ckpt_bytes
+    storage = checkpoint_disk_bytes(n_ckpt, req.keep_last, ckpt_bytes)
 
     sched = SchedulePlan(
         total_steps=steps, tokens_per_step=tp.tokens_per_step, total_tokens=tokens,

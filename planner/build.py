@@ -102,7 +102,7 @@ def choose_batch(req: PlanRequest, hw: Hardware) -> int:
 
 
 def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sched: SchedulePlan,
-              n: int) -> list[str]:
+              n: int, limited: str = "") -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
     v = verdict_for(mem.allocated_peak, hw, req.headroom)
@@ -117,6 +117,10 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
             and sched.epochs >= req.max_epochs * 0.999:
         out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/param after {sched.epochs:.1f} epochs "
                    f"(--max-epochs {req.max_epochs:g}); more unique data would let this model train longer")
+    elif limited == "epochs":
+        asked = "--budget" if req.budget_usd is not None else "--hours" if req.hours is not None else "--steps"
+        out.append(f"stops at {req.max_epochs:g} epochs of {fmt_count(sched.dataset_tokens or 0)} tokens, short of "
+                   f"{asked}; --max-epochs N trains longer on repeats (past {MAX_EPOCHS:.0f} they lose value)")
     elif sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM:
         out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/param (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
                    f"Chinchilla-optimal is ~20); a smaller model or more hours would use the budget better")
@@ -237,7 +241,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                           launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
                                       steps, ckpt_steps)),
         spot=spot,
-        warnings=_warnings(req, hw, mem, fit, sched, N) + (spot_warnings(req, spot) if spot else []),
+        warnings=_warnings(req, hw, mem, fit, sched, N, limited) + (spot_warnings(req, spot) if spot else []),
     )
 
 

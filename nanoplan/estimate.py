@@ -23,7 +23,7 @@ from planner.counts import n_params
 from planner.errors import PlanError
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.plan import Plan, save_plan
-from planner.report import print_plan, print_summary, verdict, wrap_fields
+from planner.report import EXPLAIN_HINT, print_plan, print_summary, verdict, wrap_fields
 from planner.scaling import TOKENS_PER_PARAM as CHINCHILLA_TOKENS_PER_PARAM
 from planner.spec import ModelSpec
 from planner.units import parse_count, parse_hours, parse_money
@@ -305,6 +305,8 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain
         alt = None if req.price is not None else build_plan(req.model_copy(update={"spot": None}))
         for line in spot_lines(plan, alt):
             console.print(line, highlight=False, soft_wrap=True)
+    if not json_out and not explain:
+        console.print(EXPLAIN_HINT, style="dim", highlight=False)
     if not json_out:
         # piped: one line, so `| tail -1` gets all of it; a terminal: broken between fields, never mid-number
         line = verdict(plan, out)

@@ -119,13 +119,14 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     ]
 
 
+EXPLAIN_HINT = "--explain: the full breakdown (memory, throughput, budget, why this plan)"
+
+
 def print_summary(plan: Plan, console: Console) -> None:
-    """The default view: the key numbers and the warnings; --explain prints plan_tables instead."""
+    """The default view: the key numbers and the warnings (EXPLAIN_HINT follows); --explain prints plan_tables."""
     console.print(_kv(None, summary_rows(plan)))   # values wrap between words, never inside a number
     for x in plan.warnings:
         console.print(f"! {x}", style="yellow", highlight=False)
-    console.print("--explain: the full breakdown (memory, throughput, budget, why this plan)", style="dim",
-                  highlight=False)
 
 
 def _gpus(spec: str) -> str:

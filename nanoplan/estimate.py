@@ -190,9 +190,8 @@ def estimate(
         write_to = None
     console = Console()
     if n_layer is not None and style is None and trainer == "nanoplan" and not json_out:
-        console.print(f"! explicit dims without --style: assumed the nanochat family (untied embeddings, relu² MLP, "
-                      f"vocab {spec.vocab_size:,}); for GPT-2 or Llama dims add --style gpt2 or --style llama",
-                      style="yellow", highlight=False)
+        console.print(f"! no --style: nanochat family assumed (vocab {spec.vocab_size:,}); add --style gpt2 or llama",
+                      style="yellow", highlight=False, soft_wrap=True)
     if default_length and not json_out:
         console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
                       f"{n_steps:,} steps", style="dim", highlight=False)

@@ -141,7 +141,7 @@ def peak_checkpoint_bytes(plan: Plan) -> int:
     from planner.build import checkpoint_disk_bytes  # noqa: PLC0415  (one figure with estimate's)
 
     s = plan.schedule
-    return checkpoint_disk_bytes(s.num_checkpoints, s.keep_last, s.checkpoint_bytes)
+    return max(s.storage_bytes, checkpoint_disk_bytes(s.num_checkpoints, s.keep_last, s.checkpoint_bytes))
 
 
 def _checkpoint_bytes_on_disk(run_dir: Path) -> int:

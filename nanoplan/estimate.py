@@ -23,7 +23,7 @@ from planner.counts import n_params
 from planner.errors import PlanError
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.plan import Plan, save_plan
-from planner.report import print_plan, verdict
+from planner.report import EXPLAIN_HINT, print_plan, print_summary, verdict, wrap_fields
 from planner.scaling import TOKENS_PER_PARAM as CHINCHILLA_TOKENS_PER_PARAM
 from planner.spec import ModelSpec
 from planner.units import parse_count, parse_hours, parse_money
@@ -51,11 +51,13 @@ def estimate(
     steps: Annotated[Optional[str], Opt(metavar="N", rich_help_panel=LENGTH,
                                         help="Optimizer steps instead: 5000, 20k")] = None,
     dataset_tokens: Annotated[Optional[str], Opt(metavar="N", rich_help_panel=LENGTH,
-                                                 help="Unique tokens in your dataset: 350M, 3B")] = None,
+                                                 help="Unique tokens in your dataset: 350M, 3B (the run stops at "
+                                                      "--max-epochs of them, 4 by default)")] = None,
     data: Annotated[Optional[str], Opt(metavar="DIR", rich_help_panel=LENGTH,
                                        help="DATA_DIR from nanoplan prepare-data (tokens, vocab)")] = None,
     max_epochs: Annotated[Optional[float], Opt(metavar="E", rich_help_panel=LENGTH,
-                                               help="Stop after this many epochs of the data (search: 4)")] = None,
+                                               help="Stop after this many epochs of the data (default 4 with a dataset: Muennighoff "
+                                                    "et al. 2023; past 4, repeats lose value)")] = None,
     depth: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL,
                                         help="nanochat-style depth, d_model = 64·depth (default: search)")] = None,
     preset: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=MODEL,
@@ -114,9 +116,12 @@ def estimate(
                                             "90m (default: the profile's)")] = None,
     objective: Annotated[str, Opt(metavar="NAME", rich_help_panel=SEARCH,
                                   help="loss | value | max-model | throughput | chinchilla")] = "loss",
-    top: Annotated[int, Opt(metavar="N", rich_help_panel=SEARCH, help="Runners-up to show")] = 5,
+    top: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=SEARCH,
+                                      help="Runners-up to show (default: 3; with --explain 5)")] = None,
     out: Annotated[Optional[str], Opt(metavar="FILE", rich_help_panel=OUTPUT,
                                       help="Write the plan here (default: plan.json; with --json only if given)")] = None,
+    explain_: Annotated[bool, Opt("--explain", metavar=FLAG, rich_help_panel=OUTPUT,
+                                  help="The full breakdown: why this plan, model, memory, throughput, budget")] = False,
     json_out: Annotated[bool, Opt("--json", metavar=FLAG, rich_help_panel=OUTPUT,
                                   help="Print the plan as JSON instead of tables")] = False,
     wide: Annotated[bool, Opt("--wide", metavar=FLAG, rich_help_panel=OUTPUT,
@@ -160,6 +165,11 @@ def estimate(
 
         usd = usd / parse_gpu_spec(gpu, profile=prof).gpus_per_node   # PlanRequest.price is per GPU-hour
     meta, ds_tokens = resolve_data(data, dataset_tokens)
+    if max_epochs is None and ds_tokens:   # one rule for searched and pinned models: the search's fresh-data cap
+        from planner.candidates import FRESH_EPOCHS  # noqa: PLC0415
+
+        max_epochs = FRESH_EPOCHS
+    n_top = top if top is not None else 5 if explain_ else 3
     vocab = vocab_size or (meta.vocab_size if meta else None)
     if trainer != "nanoplan":
         spec = trainer_model(trainer, trainer_version, depth=depth, preset=preset, seq_len=seq_len, vocab=vocab)
@@ -186,6 +196,9 @@ def estimate(
     if write_to and not writable_target(write_to):   # /dev/null and the like: show the plan, write nothing
         write_to = None
     console = Console()
+    if n_layer is not None and style is None and trainer == "nanoplan" and not json_out:
+        console.print(f"! no --style: nanochat family assumed (vocab {spec.vocab_size:,}); add --style gpt2 or llama",
+                      style="yellow", highlight=False, soft_wrap=True)
     if default_length and not json_out:
         console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
                       f"{n_steps:,} steps", style="dim", highlight=False)
@@ -203,18 +216,20 @@ def estimate(
     elif spec is None and spot:
         from planner.spot_search import spot_search_cli  # noqa: PLC0415
 
-        plan = spot_search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
-                               style=style, plan_path=plan_path, console=None if json_out else console, wide=wide)
+        plan = spot_search_cli(base, objective=objective, top=n_top, seq_len=seq_len, vocab_size=vocab,
+                               style=style, plan_path=plan_path, console=None if json_out else console, wide=wide,
+                               explain=explain_)
     elif spec is None:
         from planner.selection import search_cli  # noqa: PLC0415
 
-        plan = search_cli(base, objective=objective, top=top, seq_len=seq_len, vocab_size=vocab,
-                          style=style, plan_path=plan_path, console=None if json_out else console, wide=wide)
+        plan = search_cli(base, objective=objective, top=n_top, seq_len=seq_len, vocab_size=vocab,
+                          style=style, plan_path=plan_path, console=None if json_out else console, wide=wide,
+                          explain=explain_)
     else:
         from planner.fit import fit_model  # noqa: PLC0415
 
         plan, why, _ = fit_model(spec, base, strategy=strategy, ac=ac, plan_path=plan_path)
-        if why and not json_out:
+        if why and explain_ and not json_out:
             from rich.panel import Panel  # noqa: PLC0415
 
             console.print(Panel("\n".join(f"• {x}" for x in why), title=f"How {plan.model.name} fits" if plan.memory.fits
@@ -222,7 +237,7 @@ def estimate(
                                 title_align="left"))
     if plot is not None:     # before the plan: the verdict stays the last line
         _plot_memory(plan, plot, None if json_out else console)
-    _emit(plan, write_to, json_out, console)
+    _emit(plan, write_to, json_out, console, explain_)
     if not plan.memory.fits:
         raise typer.Exit(1)
 
@@ -295,11 +310,13 @@ def _spot_request(spot: bool, mtbi: str | None, minutes: float | None) -> object
                        checkpoint_every_minutes=minutes)
 
 
-def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None:
+def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain: bool = False) -> None:
     if json_out:
         typer.echo(plan.model_dump_json(indent=2))
-    else:
+    elif explain:
         print_plan(plan, console)
+    else:
+        print_summary(plan, console)
     if out:
         save_plan(plan, out)
     if plan.spot is not None and not json_out:
@@ -310,10 +327,13 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console) -> None
         alt = None if req.price is not None else build_plan(req.model_copy(update={"spot": None}))
         for line in spot_lines(plan, alt):
             console.print(line, highlight=False, soft_wrap=True)
+    if not json_out and not explain:
+        console.print(EXPLAIN_HINT, style="dim", highlight=False)
     if not json_out:
-        # one logical line, never hard-wrapped: the terminal folds it, and `| tail -1` gets all of it
-        console.print(verdict(plan, out), style="bold" if plan.memory.fits else "bold red", highlight=False,
-                      soft_wrap=True)
+        # piped: one line, so `| tail -1` gets all of it; a terminal: broken between fields, never mid-number
+        line = verdict(plan, out)
+        for part in wrap_fields(line, console.width) if console.is_terminal else [line]:
+            console.print(part, style="bold" if plan.memory.fits else "bold red", highlight=False, soft_wrap=True)
 
 
 @app.command(epilog=examples(("nanoplan profiles", "every GPU type, its figures and prices"),

@@ -102,7 +102,7 @@ def choose_batch(req: PlanRequest, hw: Hardware) -> int:
 
 
 def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sched: SchedulePlan,
-              n: int) -> list[str]:
+              n: int, limited: str = "") -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
     v = verdict_for(mem.allocated_peak, hw, req.headroom)
@@ -117,6 +117,10 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
             and sched.epochs >= req.max_epochs * 0.999:
         out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/param after {sched.epochs:.1f} epochs "
                    f"(--max-epochs {req.max_epochs:g}); more unique data would let this model train longer")
+    elif limited == "epochs":
+        asked = "--budget" if req.budget_usd is not None else "--hours" if req.hours is not None else "--steps"
+        out.append(f"stops at {req.max_epochs:g} epochs of {fmt_count(sched.dataset_tokens or 0)} tokens, short of "
+                   f"{asked}; --max-epochs N trains longer on repeats (past {MAX_EPOCHS:.0f} they lose value)")
     elif sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM:
         out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/param (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
                    f"Chinchilla-optimal is ~20); a smaller model or more hours would use the budget better")
@@ -130,6 +134,14 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
     if hw.usd_per_gpu_hour == 0 and req.budget_usd is not None:
         out.append("price is 0, so a dollar budget cannot bound the run")
     return out
+
+
+def checkpoint_disk_bytes(num_checkpoints: int, keep_last: int, checkpoint_bytes: int) -> int:
+    """The most checkpoint bytes on disk at once: the kept ones (keep_last + the best) plus the one being
+    written, since retention frees an old checkpoint only after the new one is complete. The runner also
+    writes one right after step 1 (to time the write) and a final one, so at most num_checkpoints + 2 exist.
+    plan.schedule.storage_bytes and the runner's preflight both use this."""
+    return min(num_checkpoints + 2, keep_last + 2) * checkpoint_bytes
 
 
 def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
@@ -186,7 +198,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     epochs = tokens / req.dataset_tokens if req.dataset_tokens else None
     ckpt_steps = max(1, round(ckpt_minutes * 60 / tp.step_seconds))
     n_ckpt = max(1, math.ceil(steps / ckpt_steps))
-    storage = min(n_ckpt, req.keep_last + 1) * ckpt_bytes
+    storage = checkpoint_disk_bytes(n_ckpt, req.keep_last, ckpt_bytes)
 
     sched = SchedulePlan(
         total_steps=steps, tokens_per_step=tp.tokens_per_step, total_tokens=tokens,
@@ -229,7 +241,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                           launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
                                       steps, ckpt_steps)),
         spot=spot,
-        warnings=_warnings(req, hw, mem, fit, sched, N) + (spot_warnings(req, spot) if spot else []),
+        warnings=_warnings(req, hw, mem, fit, sched, N, limited) + (spot_warnings(req, spot) if spot else []),
     )
 
 

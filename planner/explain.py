@@ -22,6 +22,7 @@ from planner.spec import ModelSpec
 from planner.throughput import Throughput, estimate_throughput
 from planner.units import fmt_bytes, fmt_count
 
+FIT_VOCAB = (32_000, 65_536)   # Chinchilla's 32k SentencePiece vocab (Hoffmann et al. 2022) .. nanochat's 65,536
 MUCH_CHEAPER = 0.8   # "much less": at most 80% of the winner's cost
 
 
@@ -36,15 +37,32 @@ def runners_up_table(result: SearchResult, top: int, width: int | None = None) -
     spend = "" if result.length.steps is not None else " at equal spend"
     cols = [Col("#", 0), Col("model", 0, "left"), Col("params", 1), Col("b×acc", 5), Col("strategy", 3, "left"),
             Col("GiB", 6), Col("tok/s", 4), Col("tokens", 0), Col("tok/p", 2), *([Col("epochs", 2)] * ds),
-            Col("hours", 0), Col("cost", 0), Col("loss", 0)]
+            Col("hours", 0), Col("cost", 0), Col(loss_header(result), 0)]
     cells = []
     for i, c in enumerate(rows):
         cells.append(["★" if i == 0 else str(i), c.name, fmt_count(c.n_params), f"{c.device_batch}×{c.grad_accum}",
                       c.settings_label, f"{c.mem_bytes / 2**30:.1f}", fmt_count(c.tokens_per_sec), fmt_count(c.tokens),
                       f"{c.tokens_per_param:.1f}", *([f"{c.epochs or 0:.1f}"] if ds else []), f"{c.hours:.1f}" if c.hours >= 0.1
-                      else f"{c.hours:.2g}", f"${c.usd:,.0f}" if c.usd >= 10 else f"${c.usd:,.2f}", f"{c.loss:.3f}"])
+                      else f"{c.hours:.2g}", f"${c.usd:,.0f}" if c.usd >= 10 else f"${c.usd:,.2f}", f"{c.loss:.4f}"])
     return fit_table(cols, cells, width, title=f"Best run of each model by '{result.objective}'{spend} "
-                     f"(winner and {len(rows) - 1} runners-up)", styles=["bold green"] + [None] * (len(rows) - 1))
+                     f"(winner and {len(rows) - 1} runners-up)", styles=["bold green"] + [None] * (len(rows) - 1),
+                     caption=loss_caption(result))
+
+
+def _vocab(result: SearchResult) -> int:
+    return result.models[0].vocab_size if result.models else FIT_VOCAB[1]
+
+
+def loss_header(result: SearchResult) -> str:
+    """'loss', or 'loss*' where the vocabulary is outside the range the Chinchilla fit was made on."""
+    return "loss" if FIT_VOCAB[0] <= _vocab(result) <= FIT_VOCAB[1] else "loss*"
+
+
+def loss_caption(result: SearchResult) -> str | None:
+    """The footnote of 'loss*': the fitted loss only ranks runs at this vocabulary."""
+    if loss_header(result) == "loss":
+        return None
+    return (f"* Chinchilla fit (vocab 32k–65k): ranks runs, not a loss to expect at vocab {_vocab(result):,}")
 
 
 def nothing_fits(result: SearchResult) -> PlanError:

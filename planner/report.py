@@ -19,7 +19,7 @@ def _step_time(tp: ThroughputPlan) -> str:
     return f"{tp.step_seconds:.3f} s = {' + '.join(parts)} s{tail}"
 
 
-def _kv(title: str, rows: list[tuple[str, str]]) -> Table:
+def _kv(title: str | None, rows: list[tuple[str, str]]) -> Table:
     t = Table(title=title, title_justify="left", show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold cyan", no_wrap=True)
     t.add_column()
@@ -90,6 +90,45 @@ def print_plan(plan: Plan, console: Console | None = None) -> None:
     (console or Console()).print(plan_tables(plan))
 
 
+def _usd(x: float) -> str:
+    return f"${x:,.0f}" if x >= 10 else f"${x:,.2f}"
+
+
+def summary_rows(plan: Plan) -> list[tuple[str, str]]:
+    """The answer on one screen: model and length, batch and settings, speed and cost, memory, disk."""
+    hw, m, tr, mem, tp, b, s = (plan.hardware, plan.model, plan.training, plan.memory, plan.throughput, plan.budget,
+                                plan.schedule)
+    spec = plan.request.model
+    epochs = f", {s.epochs:.2f} epochs of {fmt_count(s.dataset_tokens or 0)}" if s.epochs is not None else ""
+    stop = f" (stops at {plan.request.max_epochs:g} epochs)" if b.limited_by == "epochs" else f" (set by {b.limited_by})"
+    price = f"${hw.usd_per_gpu_hour:.2f}/GPU-h {hw.provider} ({hw.price_date})" if hw.usd_per_gpu_hour else "free"
+    verdict_ = mem.verdict or ("fits" if mem.fits else "does not fit")
+    ac = "checkpointing on" if tr.activation_checkpointing else "checkpointing off"
+    return [
+        ("model", f"{m.name} ({spec.style}), {fmt_count(m.n_params)} params"),
+        ("tokens", f"{fmt_count(s.total_tokens)} = {s.tokens_per_param:.1f} tokens/param{epochs}, "
+                   f"{s.total_steps:,} steps"),
+        ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {hw.num_gpus} GPUs = "
+                  f"{s.tokens_per_step:,} tokens/step; {tr.strategy}, {ac}"),
+        ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s (MFU {tp.mfu:.0%}), {_hours(b.hours)}{stop}"),
+        ("cost", f"{_usd(b.usd)} at {price}"),
+        ("memory", f"{fmt_bytes(mem.per_gpu_bytes)} of {fmt_bytes(mem.capacity_bytes)} per GPU "
+                   f"({mem.per_gpu_bytes / mem.capacity_bytes:.0%}): {verdict_}"),
+        ("disk", f"{fmt_bytes(s.storage_bytes)} of checkpoints at peak (keep last {s.keep_last} + best + 1 "
+                 "being written)"),
+    ]
+
+
+EXPLAIN_HINT = "--explain: the full breakdown (memory, throughput, budget, why this plan)"
+
+
+def print_summary(plan: Plan, console: Console) -> None:
+    """The default view: the key numbers and the warnings (EXPLAIN_HINT follows); --explain prints plan_tables."""
+    console.print(_kv(None, summary_rows(plan)))   # values wrap between words, never inside a number
+    for x in plan.warnings:
+        console.print(f"! {x}", style="yellow", highlight=False)
+
+
 def _gpus(spec: str) -> str:
     """'8xH100-SXM' -> '8×H100-SXM' for prose."""
     return spec.replace("x", "×", 2) if spec[:1].isdigit() else spec
@@ -109,3 +148,18 @@ def verdict(plan: Plan, written: str | None) -> str:
     hours = f"{b.hours:.1f} h" if b.hours >= 1 else _hours(b.hours)
     return (f"→ {m.name}, {fmt_count(m.n_params)} params, {tr.device_batch_size}×{tr.grad_accum_steps} on "
             f"{_gpus(hw.spec)}, {hours}, {usd} at {price}, {fmt_count(s.total_tokens)} tokens{where}")
+
+
+def wrap_fields(line: str, width: int) -> list[str]:
+    """`line` in lines of at most `width` cells, broken only between its fields (after ', ', before ' → '),
+    never inside a number or a path; continuation lines are indented by two spaces."""
+    import re  # noqa: PLC0415
+
+    fields = [f for f in re.split(r"(?<=, )|(?= → )", line) if f]
+    out: list[str] = []
+    for f in fields:
+        if out and Text(out[-1] + f.rstrip()).cell_len <= width:
+            out[-1] = out[-1] + f
+        else:
+            out.append(f if not out else "  " + f.lstrip())
+    return [x.rstrip() for x in out]

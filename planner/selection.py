@@ -14,7 +14,8 @@ from typing import Any
 from planner.build import build_plan
 from planner.candidates import FRESH_EPOCHS, Candidate, Length, SearchResult, Settings, depth_ladder, evaluate
 from planner.errors import PlanError
-from planner.explain import explain, nothing_fits, runners_up_table
+from planner.explain import explain as why
+from planner.explain import nothing_fits, runners_up_table
 from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.memory_terms import STRATEGIES
@@ -85,7 +86,7 @@ def length_from(base: dict[str, Any]) -> Length:
 
 def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, seq_len: int | None = None,
                vocab_size: int | None = None, style: str | None = None, plan_path: str = "plan.json",
-               console: Any = None, wide: bool = False) -> Plan:
+               console: Any = None, wide: bool = False, explain: bool = False) -> Plan:
     """`nanoplan estimate` with no model: search, print runners-up and reasons, return the plan."""
     if top < 0:
         raise PlanError("--top", f"must be >= 0, got {top}")
@@ -102,6 +103,7 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
         from planner.tables import print_table  # noqa: PLC0415
 
         print_table(console, runners_up_table(result, top, None if wide else console.width))
-        console.print(Panel("\n".join(f"• {x}" for x in explain(result)), title=f"Why {plan.model.name}",
-                            title_align="left"))
+        if explain:
+            console.print(Panel("\n".join(f"• {x}" for x in why(result)), title=f"Why {plan.model.name}",
+                                title_align="left"))
     return plan

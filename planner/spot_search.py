@@ -84,10 +84,11 @@ def spot_search(models: list[ModelSpec], hw: Hardware, base: dict[str, Any], *, 
 
 def spot_search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, seq_len: int | None = None,
                     vocab_size: int | None = None, style: str | None = None, plan_path: str = "plan.json",
-                    console: Any = None, wide: bool = False) -> Plan:
+                    console: Any = None, wide: bool = False, explain: bool = False) -> Plan:
     """`nanoplan estimate --spot` with no model: search, print the runners-up and reasons, return the plan."""
     from planner.candidates import depth_ladder  # noqa: PLC0415
-    from planner.explain import explain, runners_up_table  # noqa: PLC0415
+    from planner.explain import explain as why  # noqa: PLC0415
+    from planner.explain import runners_up_table  # noqa: PLC0415
 
     if top < 0:
         raise PlanError("--top", f"must be >= 0, got {top}")
@@ -103,6 +104,7 @@ def spot_search_cli(base: dict[str, Any], *, objective: str = "loss", top: int =
         console.print(f"Spot: ranked on the training that fits in the cap after interruptions "
                       f"({useful_fraction(plan):.0%} of it)", style="dim", highlight=False)
         print_table(console, runners_up_table(result, top, None if wide else console.width))
-        console.print(Panel("\n".join(f"• {x}" for x in explain(result)), title=f"Why {plan.model.name}",
-                            title_align="left"))
+        if explain:
+            console.print(Panel("\n".join(f"• {x}" for x in why(result)), title=f"Why {plan.model.name}",
+                                title_align="left"))
     return plan

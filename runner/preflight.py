@@ -150,15 +150,11 @@ def _write_problem(run_dir: Path, parent: Path) -> str | None:
 
 
 def peak_checkpoint_bytes(plan: Plan) -> int:
-    """The most checkpoint bytes on disk at once: the kept ones (keep_last + the best) plus the
-    one being written, since retention frees an old checkpoint only after the new one is complete.
+    """The most checkpoint bytes on disk at once, from the planner's own figure (planner.build)."""
+    from planner.build import checkpoint_disk_bytes  # noqa: PLC0415  (one figure with estimate's)
 
-    plan.schedule.storage_bytes counts min(checkpoints, keep_last + 1); the runner also writes one
-    right after step 1 (to time the write) and a final one, so the count is capped at
-    checkpoints + 2 rather than checkpoints.
-    """
     s = plan.schedule
-    return max(s.storage_bytes, min(s.num_checkpoints + 2, s.keep_last + 2) * s.checkpoint_bytes)
+    return max(s.storage_bytes, checkpoint_disk_bytes(s.num_checkpoints, s.keep_last, s.checkpoint_bytes))
 
 
 def _checkpoint_bytes_on_disk(run_dir: Path) -> int:

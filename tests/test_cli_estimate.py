@@ -17,7 +17,7 @@ def nanoplan(*args: str) -> subprocess.CompletedProcess:
 def test_estimate_writes_valid_plan(tmp_path) -> None:
     out = tmp_path / "plan.json"
     r = nanoplan("estimate", "--gpu", "8xH100", "--budget", "1000", "--depth", "20", "--price", "4",
-                 "--dataset-tokens", "350M", "--out", str(out))
+                 "--dataset-tokens", "100B", "--explain", "--out", str(out))
     assert r.returncode == 0, r.stderr
     for word in ("560,988,160", "31.25 h", "grad accum", "epochs", "storage", "torch.distributed.run"):
         assert word in r.stdout

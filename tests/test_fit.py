@@ -28,7 +28,7 @@ def depth(n: int):
 def test_depth_64_on_8xh100_shards_and_checkpoints_and_says_why(tmp_path: Path) -> None:
     out = tmp_path / "plan.json"
     r = subprocess.run([sys.executable, "-m", "nanoplan", "estimate", "--gpu", "8xH100", "--budget", "1000",
-                        "--depth", "64", "--out", str(out)], capture_output=True, text=True, timeout=60,
+                        "--depth", "64", "--explain", "--out", str(out)], capture_output=True, text=True, timeout=60,
                        env={**os.environ, "COLUMNS": "300"})
     assert r.returncode == 0, r.stderr
     text = " ".join(r.stdout.split())

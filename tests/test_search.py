@@ -354,7 +354,7 @@ def nanoplan(*args: str) -> subprocess.CompletedProcess:
 
 def test_estimate_without_model_end_to_end(tmp_path) -> None:
     out = tmp_path / "plan.json"
-    r = nanoplan("estimate", "--gpu", "8xH100", "--budget", "1000", "--out", str(out))
+    r = nanoplan("estimate", "--gpu", "8xH100", "--budget", "1000", "--explain", "--out", str(out))
     assert r.returncode == 0, r.stderr
     plan0 = load_plan(out)
     assert f"Why {plan0.model.name}" in r.stdout and "runners-up" in r.stdout and f"{plan0.model.n_params:,}" in r.stdout

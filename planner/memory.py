@@ -146,10 +146,26 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
                           allocated_peak=allocated, overhead=over)
 
 
-def _walk_all(cfg: StepConfig, compiled_saved: tuple[int, int | None] | None,
-              add: int = 0) -> tuple[dict[str, int], tuple[int, str, dict[str, int]]]:
+def phase_breakdowns(cfg: StepConfig) -> dict[str, dict[str, int]]:
+    """Each phase's breakdown (BREAKDOWN_KEYS) at that phase's peak, walked exactly as `estimate` walks the step:
+    each one adds up to `estimate(cfg).phases[phase]` (what `estimate --plot` draws)."""
+    kind, extra = _variant(cfg)
+    by_phase: dict[str, dict[str, int]] = {}
+    if kind == "plain":
+        _walk_all(cfg, None, by_phase=by_phase)
+    elif kind == "sac":
+        _walk_all(_full_ckpt(cfg), None, add=extra, by_phase=by_phase)
+    else:
+        _walk_all(replace(cfg, activation_checkpointing=False), None, add=-extra, by_phase=by_phase)
+        _walk_all(_full_ckpt(cfg), None, by_phase=by_phase)
+    return by_phase
+
+
+def _walk_all(cfg: StepConfig, compiled_saved: tuple[int, int | None] | None, add: int = 0,
+              by_phase: dict[str, dict[str, int]] | None = None) -> tuple[dict[str, int], tuple[int, str, dict[str, int]]]:
     """Every scenario's walk: each phase's total and the peak (total, phase, breakdown); `add` bytes of
-    activations join the phases in which a block's saved tensors are alive."""
+    activations join the phases in which a block's saved tensors are alive. `by_phase`, when given, keeps
+    each phase's largest breakdown (a larger one already there is kept)."""
     spec = cfg.spec
     m = _model(cfg)
     N = cfg.device_batch_size * spec.seq_len
@@ -173,6 +189,8 @@ def _walk_all(cfg: StepConfig, compiled_saved: tuple[int, int | None] | None,
                 breakdown = shard_breakdown(breakdown, cfg.strategy, dp, spec, m.D.w, m.D.mp)
             total = sum(breakdown.values())
             phases[phase] = max(phases.get(phase, 0), total)
+            if by_phase is not None and total > sum(by_phase.get(phase, {}).values(), -1):
+                by_phase[phase] = breakdown
             if total > best[0]:
                 best = (total, phase, breakdown)
     return phases, best

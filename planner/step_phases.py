@@ -1,9 +1,8 @@
 """Per-GPU memory at each phase of one training step, part by part: what `estimate --plot` draws.
 
-planner/memory.py keeps, for a plan, each phase's total and the breakdown at the peak only. This walks
-the same step (the same scenarios, walk and sharding as `planner.memory.estimate`) and keeps every
-phase's breakdown, so a chart can show how parameters, gradients, optimizer state, activations and the
-loss's temporaries rise and fall over forward, loss, backward and the optimizer step. Each phase's
+planner/memory.py keeps, for a plan, each phase's total and the breakdown at the peak only. This takes
+every phase's breakdown from the same walk (`planner.memory.phase_breakdowns`), so a chart can show how
+parameters, gradients, optimizer state, activations and the loss's temporaries rise and fall over forward, loss, backward and the optimizer step. Each phase's
 total equals `plan.memory.phases[phase]` (tests/test_memory_plot.py checks it). The result is plain
 data (`as_dict`): the drawing (nanoplan/memory_plot.py) imports no planner.
 
@@ -14,15 +13,11 @@ their steps differently and are refused.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
 from typing import Any
 
 from planner.build import step_config
 from planner.errors import PlanError
-from planner.memory import BREAKDOWN_KEYS, _chunking, _scenarios
-from planner.memory_compiled import step_walk as compiled_walk
-from planner.memory_eager import step_walk as eager_walk
-from planner.memory_terms import grad_shard, model_bytes, shard_breakdown
+from planner.memory import phase_breakdowns
 from planner.plan import Plan
 from planner.units import fmt_count
 
@@ -77,21 +72,7 @@ def step_memory(plan: Plan) -> StepMemory:
         raise PlanError("--plot", f"draws nanoplan's runner step; this plan is for {req.trainer.name}'s",
                         "drop --plot, or plan with --trainer nanoplan")
     cfg = step_config(req, plan.training.device_batch_size, plan.hardware.num_gpus)
-    m = model_bytes(cfg.spec, cfg.precision, cfg.optimizer)
-    N = cfg.device_batch_size * cfg.spec.seq_len
-    chunk, n_chunks = _chunking(cfg)
-    dp, shard = max(1, cfg.dp), grad_shard(cfg)
-    walk: Any = partial(compiled_walk, saved=None) if cfg.compile else eager_walk
-    best: dict[str, dict[str, int]] = {}
-    for base_grads, mode in _scenarios(cfg, m.params):          # as planner.memory.estimate
-        moments = walk(m, N, cfg.activation_checkpointing, chunk, n_chunks, mode, base_grads // shard, shard)
-        for phase, (level, kinds) in moments.items():
-            parts = {key: int(kinds.get(key, 0)) for key in BREAKDOWN_KEYS}
-            parts["temporaries"] += level - sum(parts.values())
-            if cfg.strategy != "ddp" and dp > 1:
-                parts = shard_breakdown(parts, cfg.strategy, dp, cfg.spec, m.D.w)
-            if sum(parts.values()) > sum(best.get(phase, {}).values()) or phase not in best:
-                best[phase] = parts
+    best = phase_breakdowns(cfg)                 # the walk of planner.memory.estimate, phase by phase
     phases = [PhaseMemory(p, label, {k: best[p].get(k, 0) for k in PARTS}) for p, label in PHASES if p in best]
     mem = plan.memory
     limit = int(mem.usable_bytes * (1 - mem.headroom))

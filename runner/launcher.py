@@ -117,6 +117,14 @@ def child_pids(pid: int) -> list[int]:
     return out
 
 
+def _same_program(pid: int, parent: int) -> bool:
+    """Whether `pid` still runs its parent's program (forked, not yet exec'd: same command line); True where unknown."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes() == Path(f"/proc/{parent}/cmdline").read_bytes()
+    except OSError:
+        return Path("/proc/self/cmdline").exists()
+
+
 def handles_sigterm(pid: int) -> bool:
     """Whether process `pid` has a handler for SIGTERM installed (Linux /proc SigCgt); True where unknown."""
     try:
@@ -221,9 +229,12 @@ def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, stop
     state: dict[str, Any] = {"signalled": 0, "sent": set(), "interrupted": False}
 
     def tell_workers() -> None:
-        """SIGTERM every worker that has its handler installed and has not been told yet."""
+        """SIGTERM every worker that has its handler installed and has not been told yet.
+
+        A child that torchrun has forked but not yet exec'd still shows torchrun's own handlers
+        (SigCgt) and its command line: it is skipped, since it loses those handlers at the exec."""
         for pid in child_pids(proc.pid):
-            if pid not in state["sent"] and handles_sigterm(pid):
+            if pid not in state["sent"] and not _same_program(pid, proc.pid) and handles_sigterm(pid):
                 try:
                     os.kill(pid, signal.SIGTERM)
                     state["sent"].add(pid)

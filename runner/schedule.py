@@ -24,7 +24,9 @@ right after a stall: a step interval STALL_FACTOR times the median (the run was 
 a paused machine, and the time left shrank at once), so the warmdown still ends at the stop.
 
 The schedule's state is saved in every checkpoint's meta.json and restored on resume, so a
-killed-and-resumed run continues from the saved projection and its warmdown happens once.
+killed-and-resumed run continues from the saved projection and its warmdown happens once. The state
+keeps the measured seconds per step too: a resumed launch re-projects at its second step with them
+(its start-up took time the saved projection did not know of), and again once it has timed its own.
 
 Deterministic given the measured times: `project_final_step` is a pure function, unit-tested.
 Plain Python, no torch.
@@ -129,7 +131,7 @@ class DeadlineSchedule:
 
     def __init__(self, planned_total: int, warmup: int, warmdown_frac: float, decay: Decay, *,
                  total: int | None = None, anchor_step: int | None = None, anchor_mult: float | None = None,
-                 projected_at: int | None = None) -> None:
+                 projected_at: int | None = None, step_s: float | None = None) -> None:
         self.planned_total = planned_total
         self.warmup = warmup
         self.warmdown_frac = warmdown_frac
@@ -139,6 +141,8 @@ class DeadlineSchedule:
         self.anchor_mult = anchor_mult
         self.projected_at = projected_at          # step of the last projection (any launch)
         self._launch_projected = False            # a projection was made in this launch
+        self._measured = False                    # ... with this launch's own step times
+        self.step_s = step_s                      # seconds per step last measured (saved; a resume starts with it)
         self._times: deque[tuple[int, float]] = deque(maxlen=WINDOW + 1)
         self._seen = 0
         self._last: tuple[int, float] | None = None
@@ -213,16 +217,21 @@ class DeadlineSchedule:
             return self.total
         self.observe(step, now_s)
         dt = self.step_seconds()
+        measured = dt is not None
+        if dt is None and self.step_s is not None and not self._launch_projected and self._seen >= 2:
+            dt = self.step_s         # a resumed launch, past its start-up: the saved step time, until it has its own
         if dt is None or step >= self.total:
             return self.total
+        if measured:
+            self.step_s = dt
         inputs = (guard.reserve_s(), guard.ckpt_s or 0.0, guard.eval_s)
         every = max(1, round(REPROJECT_FRACTION * self.total))
         stalled = self._last_gap is not None and self._last_gap > STALL_FACTOR * dt
-        due = (not self._launch_projected or inputs != self._inputs or stalled
+        due = (not self._launch_projected or (measured and not self._measured) or inputs != self._inputs or stalled
                or self.projected_at is None or step - self.projected_at >= every)
         if not due:
             return self.total
-        self._launch_projected, self._inputs = True, inputs
+        self._launch_projected, self._measured, self._inputs = True, self._measured or measured, inputs
         self.projected_at = step
         t = Timing(now_s=now_s, deadline_s=guard.deadline_s, reserve_s=guard.reserve_s(), step_s=dt,
                    margin_s=guard.step_s, ckpt_every_s=ckpt_every_s, since_ckpt_s=max(0.0, now_s - last_ckpt_s),
@@ -234,7 +243,7 @@ class DeadlineSchedule:
 
     def state(self) -> dict[str, Any]:
         return {"planned_total": self.planned_total, "total": self.total, "anchor_step": self.anchor_step,
-                "anchor_mult": self.anchor_mult, "projected_at": self.projected_at}
+                "anchor_mult": self.anchor_mult, "projected_at": self.projected_at, "step_s": self.step_s}
 
     @classmethod
     def resume(cls, state: Any, planned_total: int, warmup: int, warmdown_frac: float,
@@ -248,9 +257,12 @@ class DeadlineSchedule:
             a_step = None if state.get("anchor_step") is None else int(state["anchor_step"])
             a_mult = None if state.get("anchor_mult") is None else float(state["anchor_mult"])
             at = None if state.get("projected_at") is None else int(state["projected_at"])
+            step_s = None if state.get("step_s") is None else float(state["step_s"])
         except (KeyError, TypeError, ValueError):
             return fresh
         if not 1 <= total <= planned_total or (a_mult is not None and not 0.0 <= a_mult <= 1.0):
             return fresh
+        if step_s is not None and not (math.isfinite(step_s) and step_s > 0):
+            step_s = None
         return cls(planned_total, warmup, warmdown_frac, decay, total=total, anchor_step=a_step,
-                   anchor_mult=a_mult, projected_at=at)
+                   anchor_mult=a_mult, projected_at=at, step_s=step_s)

@@ -163,6 +163,28 @@ def test_a_stall_does_not_waste_the_budget_and_the_warmdown_ends() -> None:
     assert 9897 / 2 < step < 9897 * 0.7                # the 60 s stall cost a third of the steps, no more
 
 
+def test_a_resumed_launch_reprojects_past_its_start_up_with_the_saved_step_time() -> None:
+    """A relaunch's start-up is time the saved projection did not know of, like a stall: the resumed
+    launch re-projects at its second step with the saved seconds per step (it has not timed its own
+    yet), so a short last launch still ends its warmdown; its first step keeps the saved projection."""
+    from runner.schedule import MIN_INTERVALS, SKIP_INTERVALS, Timing, project_final_step
+
+    guard = BudgetGuard(deadline_s=100.0, ckpt_bytes=0)
+    guard.observe_checkpoint(1.0)
+    guard.observe_step(0.5)
+    saved = {**DeadlineSchedule(10_000, 0, 0.2, "linear").state(), "total": 150, "projected_at": 50, "step_s": 0.5}
+    sched = DeadlineSchedule.resume(saved, 10_000, 0, 0.2, "linear")
+    kw = {"ckpt_every_s": 0.0, "last_ckpt_s": 0.0, "val_every": 0}
+    assert sched.propose(61, 70.0, guard, **kw) == 150                # resumed at step 60, 70 s used
+    expect = project_final_step(62, 10_000, Timing(now_s=70.5, deadline_s=100.0, reserve_s=1.5, step_s=0.5,
+                                                   margin_s=0.5))
+    assert sched.propose(62, 70.5, guard, **kw) == expect == 62 + 54 + 1
+    assert sched.state()["step_s"] == 0.5
+    for k in range(63, 63 + SKIP_INTERVALS + MIN_INTERVALS):          # then its own step times take over
+        got = sched.propose(k, 70.5 + (k - 62) * 0.25, guard, **kw)
+    assert got > expect and sched.state()["step_s"] == 0.25
+
+
 # ---------------------------------------------------------------- item 2: the probe charged once
 
 def test_run_probe_leaves_the_charge_to_the_launch_clock(tmp_path, tiny_data, monkeypatch) -> None:

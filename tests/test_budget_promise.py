@@ -43,14 +43,19 @@ ROOM_AFTER_STALL_S = 8.0        # the last launch's stall leaves this much budge
 class Launch:
     """One `nanoplan run --probe`, with every process it ever had (polled), and its real time."""
 
-    def __init__(self, plan: Path, run: Path) -> None:
+    def __init__(self, plan: Path, run: Path, n: int) -> None:
         self.run = run
+        self.log = run.parent / f"launch{n}.log"          # its output (a file: a pipe left unread could block it)
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), "--probe", "--run-dir",
-                                      str(run)], cwd=REPO, env=runner_env(), stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, start_new_session=True)
+        with open(self.log, "w") as log:
+            self.proc = subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), "--probe", "--run-dir",
+                                          str(run)], cwd=REPO, env=runner_env(), stdout=log, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         self.pids: set[int] = {self.proc.pid}
         self.end: float | None = None
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
 
     def poll(self) -> None:
         todo = list(self.pids if self.proc.poll() is None else [])
@@ -74,7 +79,7 @@ class Launch:
         """Seconds from the launch's start to its first metrics row (a new segment), its start-up."""
         self.wait_until(lambda: any(r.get("segment", 0) >= segments_before for r in read_metrics(self.run))
                         or self.proc.poll() is not None, timeout, "the launch's first step")
-        assert self.proc.poll() is None, self.proc.communicate()[1][-3000:]
+        assert self.proc.poll() is None, self.output()[-3000:]
         return time.monotonic() - self.t0
 
     def signal_all(self, sig: int, launcher_only: bool = False) -> None:
@@ -128,7 +133,7 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
     real: list[float] = []
     launches: list[Launch] = []
     try:
-        first = Launch(plan, run)                         # probes, trains, is killed
+        first = Launch(plan, run, 1)                         # probes, trains, is killed
         launches.append(first)
         first.first_row(0)
         time.sleep(rng.uniform(1.0, 3.0))
@@ -136,7 +141,7 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
         real.append(first.wait_gone())
         log.append(f"1: probe and train, kill -9 of {kinds[0]} at {real[-1]:.1f} s")
 
-        second = Launch(plan, run)                        # stalled, then killed
+        second = Launch(plan, run, 2)                        # stalled, then killed
         launches.append(second)
         second.first_row(segments(run))
         waits = [rng.uniform(0.5, 2.0), rng.uniform(2.0, 4.0), rng.uniform(0.5, 2.0)]   # pause, stall, pause
@@ -148,7 +153,7 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
         real.append(second.wait_gone())
         log.append(f"2: stall of {stall:.1f} s, kill -9 of {kinds[1]} at {real[-1]:.1f} s")
 
-        third = Launch(plan, run)                         # stalled, then on to the deadline
+        third = Launch(plan, run, 3)                         # stalled, then on to the deadline
         launches.append(third)
         start_up = third.first_row(segments(run))
         pause, stall3 = rng.uniform(0.5, 2.0), rng.uniform(2.0, 4.0)
@@ -157,15 +162,15 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
         stall3 = third.stall(min(stall3, max(0.0, left(run) - ROOM_AFTER_STALL_S)))
         third.proc.wait(timeout=BUDGET_S * 2)
         real.append(third.wait_gone())
-        assert third.proc.returncode == 0, third.proc.stderr.read()[-3000:]
+        assert third.proc.returncode == 0, third.output()[-3000:]
         log.append(f"3: start-up {start_up:.1f} s, stall of {stall3:.1f} s, to the deadline in {real[-1]:.1f} s")
         counted = ledger.read_ledger(run)[-1]
 
         segs = segments(run)
-        fourth = Launch(plan, run)                        # the budget is spent: nothing starts
+        fourth = Launch(plan, run, 4)                        # the budget is spent: nothing starts
         launches.append(fourth)
         fourth.wait_until(lambda: fourth.proc.poll() is not None, 60, "the relaunch of a spent run")
-        err = fourth.proc.stderr.read()
+        err = fourth.output()
         real.append(fourth.wait_gone())
         log.append(f"4: {err.strip()} in {real[-1]:.1f} s")
     finally:

@@ -87,3 +87,23 @@ def torchrun(plan: Path, run_dir: Path, nproc: int = 2, *extra: str, timeout: fl
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(torchrun_cmd(plan, run_dir, nproc, *extra), capture_output=True, text=True,
                           timeout=timeout, cwd=REPO, env=runner_env(**(env or {})))
+
+
+def nanoplan_cli(args: list[str], capsys: pytest.CaptureFixture[str], cwd: Path) -> tuple[int, str, str]:
+    """Run `nanoplan ARGS` in-process in `cwd` through the real entry point (which maps PlanError to exit 2):
+    (exit code, stdout, stderr)."""
+    from nanoplan.cli import main
+
+    old_argv, old_cwd = sys.argv, os.getcwd()
+    sys.argv = ["nanoplan", *args]
+    os.chdir(cwd)
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.argv = old_argv
+        os.chdir(old_cwd)
+    out = capsys.readouterr()
+    return code, out.out, out.err

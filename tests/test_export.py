@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from nanoplan.cli import main
 from planner.build import build_plan
 from planner.export import (
     SKYPILOT_ACCELERATORS,
@@ -33,6 +32,7 @@ from planner.launch import torchrun_command
 from planner.plan import Plan, PlanRequest, load_plan, save_plan
 from planner.profiles import find_profile
 from planner.spec import nanochat
+from tests.conftest import nanoplan_cli
 from tests.errlines import error_and_hint
 
 REPO = Path(__file__).resolve().parents[1]
@@ -52,21 +52,7 @@ def plan_dir(tmp_path_factory) -> Path:
     return d
 
 
-def cli(args: list[str], capsys, cwd: Path) -> tuple[int, str, str]:
-    """Run `nanoplan ARGS` in-process through the real entry point (which maps PlanError to exit 2)."""
-    old_argv, old_cwd = sys.argv, os.getcwd()
-    sys.argv = ["nanoplan", *args]
-    os.chdir(cwd)
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old_argv
-        os.chdir(old_cwd)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+cli = nanoplan_cli   # tests/conftest.py
 
 
 def stub_bin(d: Path, python_body: str) -> Path:

@@ -21,34 +21,20 @@ import json
 import os
 import shlex
 import stat
-import sys
 from pathlib import Path
 
 import pytest
 import tomllib
 
-from nanoplan.cli import main
 from planner.plan import Plan, load_plan
 from planner.trainers.flags import NANOCHAT_FLAGS, TORCHTITAN_0_2_KEYS
 from planner.trainers.launch_files import deepspeed_config, launch_files
+from tests.conftest import nanoplan_cli
 
 GPU = "8xH100"
 
 
-def cli(args: list[str], capsys, cwd: Path) -> tuple[int, str, str]:
-    old_argv, old_cwd = sys.argv, os.getcwd()
-    sys.argv = ["nanoplan", *args]
-    os.chdir(cwd)
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv = old_argv
-        os.chdir(old_cwd)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+cli = nanoplan_cli   # tests/conftest.py
 
 
 def make(tmp_path: Path, capsys, *args: str, name: str = "plan.json") -> Plan:

@@ -9,14 +9,11 @@ karpathy/nanochat pull request #237 (2025-11-03): on one 24 GB RTX 3090, d20's b
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
 
 from benchmarks.public_runs.schema import load_runs
-from nanoplan.cli import main
 from planner.build import build_plan, hardware_of, memory_of
 from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory_terms import StepConfig
@@ -26,25 +23,14 @@ from planner.spec import gpt2, llama, nanochat
 from planner.trainer_fit import plan_for_trainer
 from planner.trainers.nanochat import model_spec
 from planner.validate import check_plan
+from tests.conftest import nanoplan_cli
 from tests.errlines import error_and_hint
 
 MiB = 2**20
 ROWS = {r.id: r for r in load_runs()}
 
 
-def cli(args: list[str], capsys, cwd: Path) -> tuple[int, str, str]:
-    old_argv, old_cwd = sys.argv, os.getcwd()
-    sys.argv = ["nanoplan", *args]
-    os.chdir(cwd)
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    finally:
-        sys.argv, _ = old_argv, os.chdir(old_cwd)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+cli = nanoplan_cli   # tests/conftest.py
 
 
 def base(gpu: str, **kw) -> dict:

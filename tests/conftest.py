@@ -107,3 +107,23 @@ def nanoplan_cli(args: list[str], capsys: pytest.CaptureFixture[str], cwd: Path)
         os.chdir(old_cwd)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def nanoplan_no_launch(*argv: str, cwd: Path | None = None) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of `nanoplan ARGV` in-process; nothing is ever launched."""
+    import contextlib
+    import io
+    from unittest import mock
+
+    from nanoplan import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    code: int | None = 0
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd or Path.cwd()), \
+            mock.patch("runner.launcher.run_torchrun", side_effect=AssertionError("launched")), \
+            mock.patch.object(sys, "argv", ["nanoplan", *argv]):
+        try:
+            cli.main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+    return int(code or 0), out.getvalue(), err.getvalue()

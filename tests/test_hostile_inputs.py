@@ -13,8 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import re
 import shlex
@@ -23,14 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from nanoplan import cli
 from planner.build import build_plan
 from planner.errors import PlanError, control_char
 from planner.export import SKYPILOT_MOUNT, _under, skypilot_task, slurm_script
@@ -38,25 +34,14 @@ from planner.plan import Plan, PlanRequest, load_plan
 from planner.profiles import find_profile
 from planner.spec import nanochat
 from runner.data import REDO
-from tests.conftest import REPO, TEXT, make_tiny_plan, runner_env, write_data_dir
+from tests.conftest import REPO, TEXT, make_tiny_plan, nanoplan_no_launch, runner_env, write_data_dir
 
 SETTINGS = settings(max_examples=60, deadline=None, derandomize=True,
                     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 BENIGN = "PLACEHOLDERQZX"
 
 
-def nanoplan(*argv: str, cwd: Path | None = None) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `nanoplan ARGV` in-process; nothing is ever launched."""
-    out, err = io.StringIO(), io.StringIO()
-    code: int | None = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd or Path.cwd()), \
-            mock.patch("runner.launcher.run_torchrun", side_effect=AssertionError("launched")), \
-            mock.patch.object(sys, "argv", ["nanoplan", *argv]):
-        try:
-            cli.main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    return int(code or 0), out.getvalue(), err.getvalue()
+nanoplan = nanoplan_no_launch   # tests/conftest.py
 
 
 # ---------------------------------------------------------------- 1. export injection

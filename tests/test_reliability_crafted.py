@@ -9,8 +9,6 @@ only the new checks of the tensors against the live model and optimizer stand be
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shutil
 import subprocess
@@ -18,13 +16,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import numpy as np
 import pytest
 import torch
 
-from nanoplan import cli
 from planner.build import build_plan
 from planner.datameta import DataMeta
 from planner.errors import PlanError
@@ -34,24 +30,13 @@ from planner.spec import nanochat
 from runner.checkpoint import write_meta
 from runner.data import REDO
 from runner.torch_files import sha256_file
-from tests.conftest import REPO, TEXT, make_tiny_plan, runner_env, write_data_dir
+from tests.conftest import REPO, TEXT, make_tiny_plan, nanoplan_no_launch, runner_env, write_data_dir
 from tests.errlines import as_one_line
 
 CPU = torch.device("cpu")
 
 
-def nanoplan_in_process(*argv: str, cwd: Path | None = None) -> tuple[int, str, str]:
-    """(exit code, stdout, stderr) of `nanoplan ARGV` in this process; nothing is ever launched."""
-    out, err = io.StringIO(), io.StringIO()
-    code: int | None = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), contextlib.chdir(cwd or Path.cwd()), \
-            mock.patch("runner.launcher.run_torchrun", side_effect=AssertionError("launched")), \
-            mock.patch.object(sys, "argv", ["nanoplan", *argv]):
-        try:
-            cli.main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else 1
-    return int(code or 0), out.getvalue(), err.getvalue()
+nanoplan_in_process = nanoplan_no_launch   # tests/conftest.py
 
 
 def nanoplan_run(plan: Path, run: Path, timeout: int = 180) -> subprocess.CompletedProcess:

@@ -53,23 +53,11 @@ def test_analytic_peak_within_3_percent_of_trace(row: tuple) -> None:
         assert e.breakdown["optimizer_state"] == t.breakdown["optimizer_state"]
 
 
-def test_fast_path_equals_estimate() -> None:
-    """allocated_peak (cached linear profiles, used by the search) is estimate's number exactly."""
-    rng = random.Random(0)
-    for _ in range(400):
-        cfg = StepConfig(
-            spec=style_spec(rng.choice(["nanochat", "gpt2", "llama"]), rng.choice([2, 8, 20, 32]),
-                            rng.choice([256, 2048]), rng.choice([512, 50257, 65536])),
-            device_batch_size=rng.choice([1, 3, 8, 32]), grad_accum_steps=rng.choice([1, 2, 3]),
-            dp=rng.choice([1, 8]), precision=rng.choice(["bf16-autocast", "bf16", "fp32"]),
-            optimizer=rng.choice(["adamw", "muon"]), strategy=rng.choice(["ddp", "zero1", "zero2", "fsdp"]),
-            activation_checkpointing=rng.random() < 0.5, loss_chunk_tokens=rng.choice([0, 1000, 4096]))
-        assert allocated_peak(cfg) == estimate(cfg).allocated_peak, cfg
-
-
-def test_compiled_fast_path_equals_estimate() -> None:
-    """The same for the compiled step (GPU plans), whose fast path shares its walk's parts between settings."""
-    rng = random.Random(1)
+@pytest.mark.parametrize("compile_,seed", [(False, 0), (True, 1)], ids=["eager", "compiled"])
+def test_fast_path_equals_estimate(compile_: bool, seed: int) -> None:
+    """allocated_peak (cached linear profiles, used by the search) is estimate's number exactly, for the eager
+    step and for the compiled one (GPU plans), whose fast path shares its walk's parts between settings."""
+    rng = random.Random(seed)
     for _ in range(400):
         cfg = StepConfig(
             spec=style_spec(rng.choice(["nanochat", "gpt2", "llama"]), rng.choice([2, 8, 20, 32]),
@@ -78,7 +66,7 @@ def test_compiled_fast_path_equals_estimate() -> None:
             dp=rng.choice([1, 8]), precision=rng.choice(["bf16-autocast", "bf16", "fp32"]),
             optimizer=rng.choice(["adamw", "muon"]), strategy=rng.choice(["ddp", "zero1", "zero2", "fsdp"]),
             activation_checkpointing=rng.random() < 0.5, loss_chunk_tokens=rng.choice([0, 1000, 4096]),
-            compile=True)
+            compile=compile_)
         assert allocated_peak(cfg) == estimate(cfg).allocated_peak, cfg
 
 

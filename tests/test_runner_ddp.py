@@ -95,9 +95,11 @@ def test_estimate_plan_runs_as_is_and_stops_at_the_deadline(tmp_path: Path, tiny
     every checkpoint write is slow (0.25 s real = 1 s of budget)."""
     plan = tmp_path / "plan.json"
     r = subprocess.run([sys.executable, "-m", "nanoplan", "estimate", "--gpu", "2xCPU", "--preset", "tiny", "--hours", "0.01",
-                        "--total-batch-tokens", "1024", "--data", str(tiny_data), "--out", str(plan)],
+                        "--total-batch-tokens", "1024", "--data", str(tiny_data), "--out", str(plan),
+                        "--max-epochs", "1000"],      # the tiny data would stop it at 4 epochs, long before the clock
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0, r.stderr
+    assert json.loads(plan.read_text())["budget"]["limited_by"] == "hours"
     run = tmp_path / "run"
     env = runner_env(NANOPLAN_TIME_SCALE="4", NANOPLAN_CKPT_DELAY_S="0.25")
     r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)], capture_output=True, text=True,

@@ -24,6 +24,7 @@ import torch
 
 from planner.plan import SpotRequest, load_plan
 from runner import checkpoint as ck
+from runner.checkpoint_layout import complete_steps
 from runner.ledger import HEARTBEAT_S, ORPHAN_EXIT_S, PREPAID_S, ledger_total_s, read_ledger
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, runner_env, torchrun
@@ -35,7 +36,7 @@ STEPS = 240
 EVERY_S = 0.6            # the plan's checkpoint cadence (budget seconds)
 HOURS = 150 / 3600       # the plan's hard limit: far above what the launches take, so it never re-lays the LR
 KILLS = 3
-MEAN_S = 1.0             # mean training seconds between interruptions (Poisson)
+MEAN_S = 0.5             # mean training seconds between interruptions (Poisson); 240 steps train in ~2.5 s here
 
 
 def spot_plan(path: Path, data: Path) -> Path:
@@ -72,20 +73,23 @@ def test_a_spot_run_killed_at_poisson_times_resumes_to_the_uninterrupted_result(
     run = tmp_path / "run"
     rng = random.Random(24)
     walls: list[float] = []
-    kills = 0
+    kills = killed = 0       # interruptions of training; SIGKILLs of a launch (one may land after the last step)
     while True:
         n_seg = len(segments(run)) if (run / "run_info.json").exists() else 0
         t0 = time.monotonic()
         p = launch(plan_path, run)
         try:
-            if kills < KILLS:
+            if kills < KILLS and STEPS not in complete_steps(run):
                 wait_for(lambda n=n_seg: any(x["segment"] == n for x in read_metrics(run)), timeout=120,
                          what="the launch's first step")
                 time.sleep(rng.expovariate(1.0 / MEAN_S))       # Poisson: exponential gaps of training time
                 if p.poll() is None:
                     kill_tree(p)                                  # the machine is gone: every process, -9
                     walls.append(time.monotonic() - t0)
-                    kills += 1
+                    killed += 1
+                    # a kill after the final checkpoint (during the summary) interrupts no training: the
+                    # next launch has nothing to do, and says so
+                    kills += STEPS not in complete_steps(run)
                     continue
             p.communicate(timeout=240)
             walls.append(time.monotonic() - t0)
@@ -112,7 +116,8 @@ def test_a_spot_run_killed_at_poisson_times_resumes_to_the_uninterrupted_result(
 
     # work lost per interruption: at most one checkpoint interval plus one step of training
     segs = segments(run)
-    assert len(segs) == kills + 1 and [x["segment"] for x in segs] == list(range(kills + 1))
+    # one segment per interrupted launch, one that finished; a launch after a late kill may add one that trains nothing
+    assert kills + 1 <= len(segs) <= killed + 1 and [x["segment"] for x in segs] == list(range(len(segs)))
     step_max = max(x["step_seconds"] for x in rows)
     for k in range(kills):
         resumed = segs[k + 1]["resumed_from_step"] or 0
@@ -126,5 +131,5 @@ def test_a_spot_run_killed_at_poisson_times_resumes_to_the_uninterrupted_result(
     assert total_wall <= HOURS * 3600 + first_step
     counted = ledger_total_s(read_ledger(run), json.loads((run / "run_info.json").read_text())["plan_hash"])
     # the ledger never counts short; a killed launch's last beat may count up to its prepaid time ahead
-    ahead = kills * max(PREPAID_S, ORPHAN_EXIT_S)
-    assert total_wall - kills * (HEARTBEAT_S + 0.5) <= counted <= total_wall + ahead + 0.5, (counted, total_wall, walls)
+    ahead = killed * max(PREPAID_S, ORPHAN_EXIT_S)
+    assert total_wall - killed * (HEARTBEAT_S + 0.5) <= counted <= total_wall + ahead + 0.5, (counted, total_wall, walls)

@@ -256,8 +256,9 @@ def test_runners_up_give_each_row_its_hours_and_cost(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("provider", ["modal", "runpod", "lambda"])
 def test_chart_labels_do_not_overlap_and_the_legend_is_honest(provider: str) -> None:
+    from nanoplan.compare_plot import figure
     from planner.candidates import Length, depth_ladder
-    from planner.compare import compare, figure
+    from planner.compare import compare
 
     cmp = compare(["8xB200", "8xH200", "8xH100", "8xA100", "4xH100", "4xA100", "H100", "2x8xH100"], depth_ladder(),
                   Length(budget_usd=1000), provider=provider)

@@ -291,7 +291,7 @@ def test_every_profile_loads_and_plans_d12(name: str) -> None:
     assert all(f in prof.sources and prof.sources[f].strip() for f in SOURCED_FIELDS)
     assert all(p.date and p.provider and p.source for p in prof.prices)
     cpu = prof.kind == "cpu"
-    plan = build_plan(PlanRequest(gpu=f"1x{name}", profile=prof, model=nanochat(12), hours=1.0,
+    plan = build_plan(PlanRequest(gpu=f"1x{name}", profile=prof, model=nanochat(12), hours=10.0,
                                   precision="fp32" if cpu else "bf16-autocast", compile=not cpu))
     assert plan.model.name == "d12" and plan.schedule.total_steps >= 1 and plan.throughput.tokens_per_sec > 0
 

@@ -12,6 +12,9 @@ Two rows put the search in context:
 - "bare + 1 pydantic model": the bare imports plus one pydantic model class with one constrained field,
   validated once. The bare line imports pydantic's package only (its models load lazily); every command
   that builds a plan pays for this much at least.
+- "bare + the plan's models, bc": the bare imports plus `import planner.plan`, which builds the plan's,
+  profiles' and model spec's pydantic models (bytecode cached): the floor of any command that writes a
+  validated plan.json, before any search.
 - "estimate (search), bytecode": the same command with the project's bytecode cached, as an installed copy
   has it (pip compiles it). With PYTHONDONTWRITEBYTECODE set, as on the shared development machine, every
   start compiles the project's sources again, while the bare imports' libraries have their bytecode.
@@ -35,6 +38,9 @@ BARE_IMPORTS = "import typer, rich.console, rich.table, pydantic, yaml"
 BARE = [sys.executable, "-c", BARE_IMPORTS]
 ONE_MODEL = [sys.executable, "-c", BARE_IMPORTS + "\nclass M(pydantic.BaseModel):\n    x: int = pydantic.Field(gt=0)\n"
              "M(x=1)"]
+# the floor of any command that writes a validated plan: the bare imports plus the planner's pydantic models
+# (plan, request, profiles, spec), built as `nanoplan estimate` builds them, with the project's bytecode cached
+PLAN_MODELS = [sys.executable, "-c", BARE_IMPORTS + "\nimport planner.plan"]
 TARGET_RATIO = 1.8
 
 
@@ -92,6 +98,7 @@ def main() -> None:
         cached = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         cached["PYTHONPYCACHEPREFIX"] = os.path.join(tmp, "pycache")
         res = side_by_side(a.repeats, {"bare imports": BARE, "bare + 1 pydantic model": ONE_MODEL,
+                                       "bare + the plan's models, bc": (PLAN_MODELS, cached),
                                        "estimate (search)": estimate_cmd(out),
                                        "estimate --depth 20": estimate_cmd(out, "--depth", "20"),
                                        "estimate (search), bytecode": (estimate_cmd(out), cached)})

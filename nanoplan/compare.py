@@ -99,7 +99,7 @@ def compare(
     cmp = run_compare(gpu_list, models, length, settings, objective=objective, provider=provider,
                       prices=parse_prices(price))
     if plot is not None:
-        from planner.compare import plot as draw  # noqa: PLC0415
+        from nanoplan.compare_plot import plot as draw  # noqa: PLC0415
 
         draw(cmp, plot)
     if format == "table":

@@ -235,9 +235,11 @@ def estimate(
             console.print(Panel("\n".join(f"• {x}" for x in why), title=f"How {plan.model.name} fits" if plan.memory.fits
                                 else f"{plan.model.name} does not fit",
                                 title_align="left"))
-    if plot is not None:     # before the plan: the verdict stays the last line
-        _plot_memory(plan, plot, None if json_out else console)
-    _emit(plan, write_to, json_out, console, explain_)
+    wrote = []
+    if plot is not None:     # drawn before the plan is written; said just above the verdict, the last line
+        _plot_memory(plan, plot)
+        wrote.append(f"wrote {plot} (memory per GPU over one step)")
+    _emit(plan, write_to, json_out, console, explain_, wrote)
     if not plan.memory.fits:
         raise typer.Exit(1)
 
@@ -279,7 +281,7 @@ def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, bas
     return plan
 
 
-def _plot_memory(plan: Plan, path: str, console: Console | None) -> None:
+def _plot_memory(plan: Plan, path: str) -> None:
     """--plot: the planner walks the step phase by phase (planner/step_phases.py); nanoplan/memory_plot.py draws."""
     from nanoplan.memory_plot import PlotError, draw  # noqa: PLC0415  (matplotlib only now)
     from planner.step_phases import step_memory  # noqa: PLC0415
@@ -289,8 +291,6 @@ def _plot_memory(plan: Plan, path: str, console: Console | None) -> None:
     except PlotError:
         raise PlanError("--plot", "matplotlib is not installed",
                         "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
-    if console is not None:
-        console.print(f"wrote {path} (memory per GPU over one step)", highlight=False)
 
 
 def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:
@@ -310,7 +310,8 @@ def _spot_request(spot: bool, mtbi: str | None, minutes: float | None) -> object
                        checkpoint_every_minutes=minutes)
 
 
-def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain: bool = False) -> None:
+def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain: bool = False,
+          wrote: list[str] | None = None) -> None:
     if json_out:
         typer.echo(plan.model_dump_json(indent=2))
     elif explain:
@@ -329,6 +330,8 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain
             console.print(line, highlight=False, soft_wrap=True)
     if not json_out and not explain:
         console.print(EXPLAIN_HINT, style="dim", highlight=False)
+    for line in [] if json_out else wrote or []:
+        console.print(line, highlight=False, soft_wrap=True)
     if not json_out:
         # piped: one line, so `| tail -1` gets all of it; a terminal: broken between fields, never mid-number
         line = verdict(plan, out)

@@ -7,8 +7,6 @@ draws them and imports no planner code. matplotlib is imported when a chart is d
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -106,22 +104,6 @@ def figure(data: dict[str, Any]) -> Any:
 
 def draw(data: dict[str, Any], path: str | Path) -> Path:
     """Write the chart to `path` (PNG, written to a temp file and renamed)."""
-    fig = figure(data)
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    from nanoplan.png import save_png  # noqa: PLC0415
 
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png")
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)     # mkstemp makes 0600; a chart gets normal file permissions
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    finally:
-        plt.close(fig)
-    return p
+    return save_png(figure(data), path)

@@ -172,7 +172,13 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                 raise PlanError("--budget", f"the price of {hw.spec} is $0/h, so a dollar budget sets no length",
                                 "give --price USD_PER_GPU_HOUR, --hours H or --steps N")
             hours, limited = req.budget_usd / usd_per_hour, "budget"
-        steps = max(1, math.floor(hours * 3600 / tp.step_seconds))
+        steps = math.floor(hours * 3600 / tp.step_seconds)
+        if steps < 1:     # not even one optimizer step: a plan of one step would overrun what was asked
+            what = (f"{req.hours:.3g} h" if limited == "hours" else
+                    f"${req.budget_usd:.3g} buys {hours * 3600:.3g} s of {hw.spec}, which")
+            raise PlanError("--hours" if limited == "hours" else "--budget",
+                            f"{what} is shorter than one optimizer step ({tp.step_seconds:.3g} s); nothing would train",
+                            "give a longer --hours, a larger --budget, or --steps N")
     if req.max_epochs is not None and req.dataset_tokens:
         cap = max(1, math.floor(req.max_epochs * req.dataset_tokens / tp.tokens_per_step))
         if steps > cap:

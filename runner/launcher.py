@@ -85,11 +85,11 @@ def launch_env(plan: Plan, base: dict[str, str] | None = None) -> dict[str, str]
 def wait_gone(pids: list[int], timeout_s: float) -> None:
     """Wait until none of `pids` is alive (or timeout_s passes)."""
     end = time.monotonic() + timeout_s
-    while time.monotonic() < end and any(_alive(pid) for pid in pids):
+    while time.monotonic() < end and any(pid_alive(pid) for pid in pids):
         time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     """Running: not gone, and not a zombie that a container's init never reaps."""
     if Path("/proc/self").exists():
         try:

@@ -32,6 +32,7 @@ import numpy as np
 from planner.datameta import DataMeta, dtype_for_vocab
 from planner.errors import PlanError
 from planner.plan import atomic_write_text
+from runner.launcher import pid_alive
 from runner.tokenize import (
     BPE_MIN_VOCAB,
     AlphabetScan,
@@ -85,19 +86,6 @@ def _temp_prefix(name: str) -> str:
     return f".{name}.w{os.getpid()}-{_host()}."
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:     # a zombie is dead for this purpose
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
 def clean_stale_temporaries(out: Path) -> tuple[int, int]:
     """Remove the temporary outputs of earlier prepare-data runs into `out` whose writer is dead (on this
     host; a writer on another host of a shared disk is left alone), never following a link (only
@@ -110,7 +98,7 @@ def clean_stale_temporaries(out: Path) -> tuple[int, int]:
         return 0, 0
     for e in entries:
         m = _TEMP.match(e.name)
-        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid() or _pid_alive(int(m.group(1))):
+        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
             continue
         try:
             st = e.stat(follow_symlinks=False)

@@ -105,7 +105,7 @@ def trial_pids(proc: subprocess.Popen, trial_dir: Path) -> list[int]:
 
 def kill_trial(proc: subprocess.Popen, trial_dir: Path) -> None:
     """End a trial: SIGTERM to the process group of torchrun and of every worker, SIGKILL after a grace."""
-    from runner.launcher import _alive, wait_gone  # noqa: PLC0415
+    from runner.launcher import pid_alive, wait_gone  # noqa: PLC0415
 
     pids = trial_pids(proc, trial_dir)
     mine = os.getpgrp()
@@ -124,7 +124,7 @@ def kill_trial(proc: subprocess.Popen, trial_dir: Path) -> None:
                 pass
         if sig == signal.SIGTERM:
             wait_gone([proc.pid, *pids], KILL_GRACE_S)
-            if not any(_alive(p) for p in [proc.pid, *pids]):
+            if not any(pid_alive(p) for p in [proc.pid, *pids]):
                 break
     try:
         proc.wait(timeout=KILL_GRACE_S)

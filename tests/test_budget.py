@@ -1,5 +1,7 @@
 """Budget maths on the worked example of docs/sources.md §1 ($1000, 8 GPUs at $4/h = 31.25 h)."""
 
+from pathlib import Path
+
 import pytest
 
 from planner.build import build_plan, grad_accum
@@ -7,6 +9,7 @@ from planner.errors import PlanError
 from planner.plan import PlanRequest
 from planner.profiles import find_profile
 from planner.spec import nanochat
+from tests.conftest import nanoplan_no_launch
 
 
 def req(**kw) -> PlanRequest:
@@ -68,3 +71,20 @@ def test_pcie_slower_than_sxm_for_big_models() -> None:
                                                   "profile": find_profile("H100-PCIe").model_dump()}))
     assert pcie.throughput.exposed_comm_seconds > sxm.throughput.exposed_comm_seconds
     assert pcie.throughput.comm_seconds > 5 * sxm.throughput.comm_seconds
+
+
+@pytest.mark.parametrize(("flag", "args", "said"), [
+    ("--hours", ["--hours", "5e-324"], "4.94e-324 h is shorter than one optimizer step"),
+    ("--budget", ["--budget", "0.0001"], "$0.0001 buys 0.0114 s of 8xH100-SXM, which is shorter than one optimizer step"),
+])
+def test_a_length_shorter_than_one_step_is_refused_not_rounded_up(flag: str, args: list[str], said: str,
+                                                                   tmp_path: Path) -> None:
+    """A plan of one step would overrun the hours or dollars asked for (it used to be written, as 1 step)."""
+    code, out, err = nanoplan_no_launch("estimate", "--gpu", "8xH100", "--depth", "4", *args, "--out", "p.json",
+                                        cwd=tmp_path)
+    lines = err.splitlines()
+    assert code == 2 and lines[0].startswith(f"error: {flag}: {said}") and lines[1].startswith("hint: "), err
+    assert not (tmp_path / "p.json").exists()
+    with pytest.raises(PlanError, match="shorter than one optimizer step"):
+        build_plan(req(hours=1e-6))
+    assert build_plan(req(hours=1.0)).schedule.total_steps >= 1

@@ -26,7 +26,7 @@ import pytest
 
 from planner.profiles import find_profile
 from runner import ledger, runlock
-from runner.launcher import _alive, child_pids
+from runner.launcher import child_pids, pid_alive
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, runner_env
 from tests.test_reliability_faults import wait_for
@@ -66,7 +66,7 @@ class Launch:
                     todo.append(c)
 
     def live(self) -> list[int]:
-        return [p for p in self.pids if p != self.proc.pid and _alive(p)] + (
+        return [p for p in self.pids if p != self.proc.pid and pid_alive(p)] + (
             [self.proc.pid] if self.proc.poll() is None else [])
 
     def wait_until(self, cond, timeout: float, what: str) -> None:  # noqa: ANN001

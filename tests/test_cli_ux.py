@@ -256,8 +256,9 @@ def test_runners_up_give_each_row_its_hours_and_cost(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("provider", ["modal", "runpod", "lambda"])
 def test_chart_labels_do_not_overlap_and_the_legend_is_honest(provider: str) -> None:
+    from nanoplan.compare_plot import figure
     from planner.candidates import Length, depth_ladder
-    from planner.compare import compare, figure
+    from planner.compare import compare
 
     cmp = compare(["8xB200", "8xH200", "8xH100", "8xA100", "4xH100", "4xA100", "H100", "2x8xH100"], depth_ladder(),
                   Length(budget_usd=1000), provider=provider)
@@ -290,7 +291,7 @@ def test_every_profile_loads_and_plans_d12(name: str) -> None:
     assert all(f in prof.sources and prof.sources[f].strip() for f in SOURCED_FIELDS)
     assert all(p.date and p.provider and p.source for p in prof.prices)
     cpu = prof.kind == "cpu"
-    plan = build_plan(PlanRequest(gpu=f"1x{name}", profile=prof, model=nanochat(12), hours=1.0,
+    plan = build_plan(PlanRequest(gpu=f"1x{name}", profile=prof, model=nanochat(12), hours=10.0,
                                   precision="fp32" if cpu else "bf16-autocast", compile=not cpu))
     assert plan.model.name == "d12" and plan.schedule.total_steps >= 1 and plan.throughput.tokens_per_sec > 0
 

@@ -196,16 +196,16 @@ time.sleep(600)
 
 
 def test_time_box_kills_the_trial_and_its_own_session_children(tmp_path: Path) -> None:
-    from runner.launcher import _alive
+    from runner.launcher import pid_alive
 
     t0 = time.monotonic()
     timed_out, rc = run_trial([sys.executable, "-c", HANG, str(tmp_path)], dict(os.environ), tmp_path, 3.0)
     assert timed_out and rc is None and time.monotonic() - t0 < 20
     kids = [int(x) for x in (tmp_path / "kids").read_text().split()]
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and any(_alive(p) for p in kids):
+    while time.monotonic() < deadline and any(pid_alive(p) for p in kids):
         time.sleep(0.05)
-    assert not any(_alive(p) for p in kids)
+    assert not any(pid_alive(p) for p in kids)
     assert read_trial(tmp_path, True, None, 3.0)[0] == "timed out"
 
 
@@ -222,14 +222,14 @@ def test_read_trial_statuses(tmp_path: Path) -> None:
 
 
 def test_kill_trial_leaves_unrelated_processes_alone(tmp_path: Path) -> None:
-    from runner.launcher import _alive
+    from runner.launcher import pid_alive
 
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     (tmp_path / "pid_rank0").write_text(str(other.pid))        # a pid file naming a process that is not a worker
     trial = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         kill_trial(trial, tmp_path)
-        assert trial.poll() is not None and _alive(other.pid)
+        assert trial.poll() is not None and pid_alive(other.pid)
     finally:
         other.kill()
         other.wait()

@@ -327,7 +327,7 @@ def start(*args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
 
 def trial_processes(trial: Path) -> list[int]:
     """The live processes of a trial: its workers (pid files) and their parent, torchrun."""
-    from runner.launcher import _alive
+    from runner.launcher import pid_alive
 
     pids = [int(f.read_text()) for f in trial.glob("pid_rank*")]
     parents = []
@@ -336,7 +336,7 @@ def trial_processes(trial: Path) -> list[int]:
             parents.append(int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]))
         except (OSError, ValueError, IndexError):
             pass
-    return [p for p in {*pids, *parents} if p > 1 and _alive(p)]
+    return [p for p in {*pids, *parents} if p > 1 and pid_alive(p)]
 
 
 def kill_trial_processes(trial: Path) -> None:

@@ -310,14 +310,21 @@ def test_export_refuses_a_hand_edited_plan(tmp_path: Path, gpu_plan_doc: dict, c
     assert as_one_line(err).startswith(f"error: plan.json: {says}")
 
 
-def test_export_refuses_a_consistent_plan_shorter_than_one_step(tmp_path: Path) -> None:
-    code, _, err = nanoplan_in_process("estimate", "--gpu", "2x8xH100", "--depth", "12", "--hours", "5e-324",
-                                       "--out", "plan.json", cwd=tmp_path)
-    assert code == 0, err
-    assert nanoplan_in_process("validate", "plan.json", cwd=tmp_path)[0] == 0      # consistent: re-derives the same
-    code, out, err = nanoplan_in_process("export", "plan.json", "--slurm", cwd=tmp_path)
-    assert (code, out) == (2, "") and "--time=" not in err
-    assert as_one_line(err).startswith("error: plan.json: field 'budget.hours': 4.94e-324 h is shorter than one step")
+def test_a_plan_shorter_than_one_step_is_neither_made_nor_exported(tmp_path: Path) -> None:
+    code, out, err = nanoplan_in_process("estimate", "--gpu", "2x8xH100", "--depth", "12", "--hours", "5e-324",
+                                         "--out", "plan.json", cwd=tmp_path)
+    assert (code, out) == (2, "") and not (tmp_path / "plan.json").exists()
+    assert as_one_line(err).startswith("error: --hours: 4.94e-324 h is shorter than one optimizer step")
+    # a file that says so anyway (an older nanoplan wrote such plans as one step) is refused, as is its export
+    assert nanoplan_in_process("estimate", "--gpu", "2x8xH100", "--depth", "12", "--hours", "1", "--out", "plan.json",
+                               cwd=tmp_path)[0] == 0
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    doc["request"]["hours"] = doc["budget"]["hours"] = 5e-324
+    (tmp_path / "plan.json").write_text(json.dumps(doc))
+    for cmd in (["validate", "plan.json"], ["export", "plan.json", "--slurm"]):
+        code, out, err = nanoplan_in_process(*cmd, cwd=tmp_path)
+        assert code == 2 and "--time=" not in out + err and len(err.splitlines()) == 2, (cmd, out, err)
+        assert "shorter than one optimizer step" in err, (cmd, err)
 
 
 def test_export_of_an_untouched_plan_still_works(tmp_path: Path, gpu_plan_doc: dict) -> None:

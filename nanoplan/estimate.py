@@ -347,7 +347,7 @@ def profiles(
 ) -> None:
     """List the built-in hardware profiles and their prices."""
     from planner.profiles import builtin_profiles  # noqa: PLC0415
-    from planner.tables import Col, fit_table, hidden, print_table  # noqa: PLC0415
+    from planner.tables import Col, fit_table, hidden_note, print_table  # noqa: PLC0415
 
     console = Console()
     cols = [Col("name", 0, "left"), Col("memory", 0), Col("BF16 TFLOP/s", 0), Col("HBM TB/s", 2),
@@ -363,9 +363,8 @@ def profiles(
     table = fit_table(cols, rows, None if wide else console.width,
                       title="Hardware profiles (dense peaks; price per GPU-hour, the default provider's)")
     print_table(console, table)
-    gone = hidden(cols, table)
-    if gone:
-        console.print(f"Hidden at this width: {', '.join(gone)} (--wide shows all).", highlight=False)
+    if note := hidden_note(cols, table):
+        console.print(note, highlight=False)
     console.print("+N: more providers (--provider NAME). Every figure's source: hardware_profiles/*.yaml and "
                   "docs/hardware.md.", highlight=False)
 

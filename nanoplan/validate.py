@@ -43,7 +43,7 @@ def validate(
 
 
 def _print(checks: list, trace: bool) -> None:
-    from planner.tables import Col, fit_table, hidden, print_table  # noqa: PLC0415
+    from planner.tables import Col, fit_table, hidden_note, print_table  # noqa: PLC0415
 
     cols = [Col("plan", 0, "left"), Col("model", 1, "left"), Col("GPUs", 3, "left"), Col("analytic", 2),
             *((Col("traced", 0), Col("Δ", 0)) if trace else ()), Col("total", 0), Col("capacity", 1),
@@ -57,13 +57,13 @@ def _print(checks: list, trace: bool) -> None:
                      fmt_bytes(c.capacity_bytes), _yes(c.fits), _yes(c.consistent)])
     console = Console()     # the terminal's width, or $COLUMNS (80 when neither is known)
     t = fit_table(cols, rows, console.width)
-    gone = hidden(cols, t)
+    note = hidden_note(cols, t, "--json shows all")
     # the title wraps at the terminal's width, not the table's (a rich table title wraps at the table's)
     console.print("nanoplan validate: bytes per GPU (allocated peak; total adds the profile's overheads)",
                   style="italic", highlight=False)
     print_table(console, t)
-    if gone:
-        console.print(f"Hidden at this width: {', '.join(gone)} (--json shows all).", style="dim", highlight=False)
+    if note:
+        console.print(note, style="dim", highlight=False)
     for c in checks:
         for p in c.problems:
             console.print(f"[red]{c.path}[/red]: {p}", highlight=False)

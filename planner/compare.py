@@ -313,11 +313,10 @@ def rich_table(cmp: Comparison, width: int | None = None) -> Any:
     cap = caption(cmp) + (" * " + "; ".join(notes) + "." if notes else "")
     t = fit_table(cols, cells, width, title=f"Best run per GPU configuration (objective: {cmp.objective})",
                   styles=styles, caption=cap)
-    from planner.tables import hidden  # noqa: PLC0415
+    from planner.tables import hidden_note  # noqa: PLC0415
 
-    left_out = hidden(cols, t)
-    if left_out:
-        t.caption = f"{t.caption} Hidden at this width: {', '.join(left_out)} (--wide shows all)."
+    if note := hidden_note(cols, t):
+        t.caption = f"{t.caption} {note}"
     return t
 
 

@@ -105,7 +105,7 @@ COLUMNS = (("", 0, True), ("GPUs", 0, True), ("model", 0, True), ("tokens", 0, F
 
 def rich_table(rows: list[SpotRow], *, objective: str, length: Length, seconds: float, width: int | None,
                dataset_tokens: int | None = None) -> Any:
-    from planner.tables import Col, fit_table, hidden  # noqa: PLC0415
+    from planner.tables import Col, fit_table, hidden_note  # noqa: PLC0415
 
     cols = [Col(n, p, "left" if left else "right") for n, p, left in COLUMNS]
     cells, styles = [], []
@@ -133,8 +133,7 @@ def rich_table(rows: list[SpotRow], *, objective: str, length: Length, seconds: 
         caption += f" * {notes} (give --price)."
     t = fit_table(cols, cells, width, title=f"Best run per GPU configuration on spot (objective: {objective})",
                   styles=styles, caption=caption)
-    left_out = hidden(cols, t)
-    if left_out:
-        t.caption = f"{t.caption} Hidden at this width: {', '.join(left_out)} (--wide shows all)."
+    if note := hidden_note(cols, t):
+        t.caption = f"{t.caption} {note}"
     return t
 

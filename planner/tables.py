@@ -73,6 +73,12 @@ def hidden(cols: Sequence[Col], table: Table) -> list[str]:
     return [c.name for c in cols if c.name not in shown]
 
 
+def hidden_note(cols: Sequence[Col], table: Table, how: str = "--wide shows all") -> str:
+    """'Hidden at this width: a, b (--wide shows all).' for the columns fit_table left out; '' when none."""
+    gone = hidden(cols, table)
+    return f"Hidden at this width: {', '.join(gone)} ({how})." if gone else ""
+
+
 def print_table(console: Console, table: Table) -> None:
     """Print without cutting a cell: widen the console for this table when the terminal is narrower."""
     need = natural_width(table)

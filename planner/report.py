@@ -78,12 +78,20 @@ def plan_tables(plan: Plan) -> Group:
     ])
     parts: list = [model, memt, thr, bud]
     if plan.warnings:
-        w = Table(title="Warnings", title_justify="left", show_header=False, box=None)
-        w.add_column(style="yellow")
-        for x in plan.warnings:
-            w.add_row(f"! {x}")
-        parts.append(w)
+        parts.append(warning_lines(plan.warnings, title="Warnings"))
     return Group(*parts)
+
+
+def warning_lines(lines: list[str], title: str | None = None) -> Table:
+    """'! warning' lines whose wrapped continuations hang under the text, not under the '!'."""
+    w = Table.grid(padding=(0, 1))
+    if title:
+        w.title, w.title_justify = title, "left"
+    w.add_column(style="yellow", no_wrap=True)
+    w.add_column(style="yellow")
+    for x in lines:
+        w.add_row("!", Text(x))
+    return w
 
 
 def print_plan(plan: Plan, console: Console | None = None) -> None:
@@ -125,8 +133,8 @@ EXPLAIN_HINT = "--explain: the full breakdown (memory, throughput, budget, why t
 def print_summary(plan: Plan, console: Console) -> None:
     """The default view: the key numbers and the warnings (EXPLAIN_HINT follows); --explain prints plan_tables."""
     console.print(_kv(None, summary_rows(plan)))   # values wrap between words, never inside a number
-    for x in plan.warnings:
-        console.print(f"! {x}", style="yellow", highlight=False)
+    if plan.warnings:
+        console.print(warning_lines(plan.warnings))
 
 
 def _gpus(spec: str) -> str:

@@ -110,7 +110,9 @@ def test_two_nodes_train_in_sync_and_resume(two_nodes: Path) -> None:
     assert max(first) == CRASH_AFTER - 1            # rank 1 died after step 12, before it was logged
     assert [x["step"] for x in resumed] == list(range(start + 1, STEPS + 1))
     again = [x for x in resumed if x["step"] in first]
-    assert again, "no step ran both before and after the resume"
+    # a step ran twice unless the clock's checkpoint fell on the last logged step (then nothing repeats; every
+    # step's loss is still held against the one-node run in test_two_nodes_equal_one_node)
+    assert again or start == CRASH_AFTER - 1, "no step ran both before and after the resume"
     for x in again:
         assert (x["loss"], x["grad_norm"]) == (first[x["step"]]["loss"], first[x["step"]]["grad_norm"]), x["step"]
     assert resumed[-1]["loss"] < first[1]["loss"] - 0.5

@@ -25,7 +25,7 @@ from planner.plan import (
     TrainerRef,
     TrainingPlan,
 )
-from planner.profiles import Hardware, parse_gpu_spec
+from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
 from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
@@ -133,6 +133,9 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
                    f"(keep_last={sched.keep_last} plus best); lower --keep-last")
     if hw.usd_per_gpu_hour == 0 and req.budget_usd is not None:
         out.append("price is 0, so a dollar budget cannot bound the run")
+    if (c := speed_off(hw.profile)) is not None:
+        out.append(f"speed unproven on {hw.profile.name}: predicted tokens/s {speed_off_words(c)} ({c.rows}); "
+                   f"this plan is {'optimistic' if c.median_ratio > 1 else 'pessimistic'}")
     return out
 
 

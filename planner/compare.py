@@ -15,7 +15,7 @@ from typing import Any
 
 from planner.candidates import Candidate, Length, Settings
 from planner.errors import PlanError
-from planner.profiles import Hardware, parse_gpu_spec
+from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
 from planner.ranking import VALUE_TOL, objective_key
 from planner.selection import search
 from planner.spec import ModelSpec
@@ -110,6 +110,8 @@ def compare(gpus: Sequence[str], models: Sequence[ModelSpec], length: Length, se
             rows.append(Row(gpu=hw.spec, hw=hw, best=None, note=f"{e.problem}"))
             continue
         evaluated += res.evaluated
+        if (c := speed_off(hw.profile)) is not None:     # planner.build warns in the plan; the table says it too
+            note = "; ".join(x for x in (note, f"tokens/s {speed_off_words(c)}") if x)
         if res.best is None:
             rows.append(Row(gpu=hw.spec, hw=hw, best=None, note="nothing fits" + (f"; {note}" if note else "")))
         else:

@@ -35,6 +35,7 @@ RANGES: dict[str, tuple[float, float, str]] = {
     "overhead_bytes": (0, 2**36, "bytes"),         # CUDA context / NCCL buffers: none to 64 GiB
     "mtbi_hours": (0.1, 1e5, "hours"),             # 6 min (a run would never finish) to ~11 years between interruptions
     "storage_gb_s": (0.01, 1e4, "GB/s"),           # a slow bucket mount (10 MB/s) to 10 TB/s of parallel filesystem
+    "speed_ratio": (0.01, 100, "predicted / measured"),  # a model 100x off either way is broken, not uncalibrated
 }
 
 
@@ -112,6 +113,32 @@ class Overheads(BaseModel):
                    "(typical CUDA 12); calibrate with nanoplan calibrate")
 
 
+SPEED_CHECK_TOL = 0.10   # |median error| above which a plan says its speed is off: issue 25's "within 10%" line
+
+
+class SpeedCheck(BaseModel):
+    """The step-time model against this GPU's public runs: the median of predicted / measured tokens/s over its
+    rows of benchmarks/public_runs/runs.yaml (`python benchmarks/public_runs.py`), dated. Off by more than
+    SPEED_CHECK_TOL, a plan on this GPU says so (tests/test_public_runs_adapter.py keeps it equal to the benchmark)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    median_ratio: float = _in("speed_ratio")      # predicted / measured tokens/s; 1.69: predicts 69% too fast
+    runs: int = Field(ge=1, le=10_000)           # rows with a measured speed
+    rows: str = Field(min_length=3)              # what they are: trainer, model, GPUs, source
+    date: str = Field(min_length=4)
+
+
+def speed_off(profile: HardwareProfile) -> SpeedCheck | None:
+    """This GPU's public check when the speed model is off by more than SPEED_CHECK_TOL there, else None."""
+    c = profile.speed.public_check if profile.speed is not None else None
+    return c if c is not None and abs(c.median_ratio - 1) > SPEED_CHECK_TOL else None
+
+
+def speed_off_words(c: SpeedCheck) -> str:
+    """'+69% vs its 2 public runs'."""
+    return f"{c.median_ratio - 1:+.0%} vs its {c.runs} public run{'s' if c.runs > 1 else ''}"
+
+
 class Speed(BaseModel):
     """What the step-time model (planner/throughput.py) reads of a GPU beyond its datasheet: the dense matmul
     rate torch really reaches on it. Without this section a profile uses the flat `default_mfu`."""
@@ -123,6 +150,7 @@ class Speed(BaseModel):
     source: str = Field(min_length=3)
     attention_tflops: float = _in("tflops")                # TFLOP/s: flash attention forward + backward, causal, bf16
     attention_source: str = Field(min_length=3)
+    public_check: SpeedCheck | None = None                 # how the model did on this GPU's public runs
 
     def scaled(self, t: int) -> Speed:
         """t GPUs taken as one device (used only to approximate tensor parallelism in benchmarks)."""
@@ -296,7 +324,7 @@ def _load_yaml_profile(text: str, origin: str, trusted: bool = False) -> Hardwar
 
 _RANGE_OF = {"memory_gb": "memory_gb", "usable_bytes": "usable_bytes", "hbm_tb_s": "hbm_tb_s", "mfu": "mfu",
              "default_mfu": "mfu", "cuda_context_bytes": "overhead_bytes", "nccl_bytes": "overhead_bytes",
-             "mtbi_hours": "mtbi_hours", "storage_gb_s": "storage_gb_s"}
+             "mtbi_hours": "mtbi_hours", "storage_gb_s": "storage_gb_s", "median_ratio": "speed_ratio"}
 
 
 def _range_problem(e: ValidationError) -> str | None:

@@ -54,3 +54,47 @@ def test_heldout_speed_error_and_verdicts() -> None:
     held = [abs(p.error) for p in preds if p.row.split == "heldout" and p.error is not None]
     assert len(held) == 15 and statistics.median(held) <= 0.10
     assert all(p.verdict_ok for p in preds)
+
+
+def test_each_profiles_public_check_is_what_the_benchmark_measures() -> None:
+    """hardware_profiles/*.yaml `speed.public_check` = the median predicted / measured ratio and row count that
+    benchmarks/public_runs.py gets for that GPU today (re-measure and update both when the model changes)."""
+    import statistics
+    from collections import defaultdict
+
+    from benchmarks.public_runs.adapter import predict
+    from planner.profiles import builtin_profiles
+
+    errors: dict[str, list[float]] = defaultdict(list)
+    for r in load_runs():
+        p = predict(r)
+        if p.error is not None:
+            errors[r.gpu].append(p.error)
+    for name, prof in builtin_profiles().items():
+        c = prof.speed.public_check if prof.speed is not None else None
+        if name not in errors:
+            assert c is None, name
+            continue
+        assert c is not None and c.runs == len(errors[name]), name
+        assert c.median_ratio == pytest.approx(1 + statistics.median(errors[name]), abs=0.0005), name
+
+
+def test_a_gpu_whose_speed_is_off_says_so_in_the_plan_and_in_compare() -> None:
+    from planner.build import build_plan
+    from planner.candidates import Length, depth_ladder
+    from planner.compare import compare
+    from planner.plan import PlanRequest
+    from planner.profiles import find_profile
+    from planner.spec import nanochat
+
+    def plan(gpu: str):  # noqa: ANN202
+        return build_plan(PlanRequest(gpu=f"8x{gpu}", profile=find_profile(gpu), model=nanochat(20), hours=1.0))
+
+    assert any(w.startswith("speed unproven on B200: predicted tokens/s +69% vs its 2 public runs (") and
+               w.endswith("this plan is optimistic") for w in plan("B200").warnings)
+    assert any(w.startswith("speed unproven on H200: predicted tokens/s -19% vs its 2 public runs")
+               and w.endswith("pessimistic") for w in plan("H200").warnings)
+    assert not any(w.startswith("speed unproven") for w in plan("H100").warnings + plan("A100-80GB").warnings)
+    cmp = compare(["8xB200", "8xH100"], depth_ladder(), Length(budget_usd=1000))
+    notes = {r.gpu: r.note for r in cmp.rows}
+    assert notes == {"8xB200": "tokens/s +69% vs its 2 public runs", "8xH100-SXM": ""}

@@ -7,14 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from nanoplan.png import save_png
+from nanoplan.png import pyplot, save_png
 from planner.compare import Comparison, pareto, prices_used, ref_label
 from planner.errors import PlanError
 
 
 def plot(cmp: Comparison, path: str | Path) -> Path:
     """Draw the chart and write it to `path` (PNG, temp file then rename)."""
-    return save_png(figure(cmp), path)   # figure raises the one-line error when matplotlib is missing
+    return save_png(figure(cmp), path)
 
 
 def _place_labels(ax: Any, fig: Any, pts: list[tuple[float, float]], labels: list[str]) -> None:
@@ -50,14 +50,7 @@ def _place_labels(ax: Any, fig: Any, pts: list[tuple[float, float]], labels: lis
 
 def figure(cmp: Comparison) -> Any:
     """The chart as a matplotlib Figure (labels placed); the caller saves and closes it."""
-    try:
-        import matplotlib  # noqa: PLC0415
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        raise PlanError("--plot", "matplotlib is not installed",
-                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
+    plt = pyplot()      # the one-line error when matplotlib is missing
     rows = [r for r in cmp.rows if r.ref_hours is not None]
     if not rows:
         raise PlanError("--plot", "no configuration can train the reference job, so there is nothing to plot")

@@ -283,14 +283,10 @@ def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, bas
 
 def _plot_memory(plan: Plan, path: str) -> None:
     """--plot: the planner walks the step phase by phase (planner/step_phases.py); nanoplan/memory_plot.py draws."""
-    from nanoplan.memory_plot import PlotError, draw  # noqa: PLC0415  (matplotlib only now)
+    from nanoplan.memory_plot import draw  # noqa: PLC0415  (matplotlib only now)
     from planner.step_phases import step_memory  # noqa: PLC0415
 
-    try:
-        draw(step_memory(plan).as_dict(), path)
-    except PlotError:
-        raise PlanError("--plot", "matplotlib is not installed",
-                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
+    draw(step_memory(plan).as_dict(), path)
 
 
 def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:

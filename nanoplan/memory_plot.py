@@ -1,8 +1,8 @@
 """`estimate --plot memory.png`: per-GPU memory over one training step, as stacked bars by phase.
 
 The numbers come from the planner (planner/step_phases.py, `StepMemory.as_dict()`); this module only
-draws them and imports no planner code. matplotlib is imported when a chart is drawn, never at start-up
-(`estimate` without --plot does not pay for it).
+draws them and imports no planner module. matplotlib is imported when a chart is drawn (nanoplan/png.py),
+never at start-up (`estimate` without --plot does not pay for it).
 """
 
 from __future__ import annotations
@@ -26,19 +26,11 @@ PARTS: tuple[tuple[str, str, str], ...] = (
 OVERHEAD = ("reserved: CUDA context, NCCL, fragmentation", "#bbbbbb")
 
 
-class PlotError(ValueError):
-    """matplotlib is missing (the CLI turns this into its one-line error)."""
-
-
 def figure(data: dict[str, Any]) -> Any:
     """The chart as a matplotlib Figure; the caller saves and closes it."""
-    try:
-        import matplotlib  # noqa: PLC0415
+    from nanoplan.png import pyplot  # noqa: PLC0415
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt  # noqa: PLC0415
-    except ImportError:
-        raise PlotError("matplotlib is not installed") from None
+    plt = pyplot()      # the one-line error when matplotlib is missing
     import textwrap  # noqa: PLC0415
 
     phases = data["phases"]

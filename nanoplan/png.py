@@ -1,5 +1,5 @@
-"""Save a matplotlib figure as a PNG: written to a temp file beside the target, then renamed, so a chart is
-never left half-written; the figure is closed either way."""
+"""matplotlib for the charts: imported only when one is drawn (headless), and a figure saved as a PNG, written to
+a temp file beside the target and renamed, so a chart is never left half-written."""
 
 from __future__ import annotations
 
@@ -8,11 +8,25 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from planner.errors import PlanError
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; without matplotlib, the one-line --plot error (exit 2)."""
+    try:
+        import matplotlib  # noqa: PLC0415
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt  # noqa: PLC0415
+    except ImportError:
+        raise PlanError("--plot", "matplotlib is not installed",
+                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
+    return plt
+
 
 def save_png(fig: Any, path: str | Path) -> Path:
     """Write `fig` to `path` (parents made), with the permissions of a normal file, and close it."""
-    import matplotlib.pyplot as plt  # noqa: PLC0415
-
+    plt = pyplot()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)

@@ -68,7 +68,7 @@ COMMANDS: dict[str, str] = {
     "estimate": "nanoplan.estimate", "compare": "nanoplan.compare", "validate": "nanoplan.validate",
     "profiles": "nanoplan.estimate", "schema": "nanoplan.estimate", "prepare-data": "nanoplan.data",
     "probe": "nanoplan.probe", "run": "nanoplan.run", "export": "nanoplan.export",
-    "export-model": "nanoplan.export_model", "calibrate": "nanoplan.calibrate",
+    "export-model": "nanoplan.export_model", "calibrate": "nanoplan.calibrate", "sample": "nanoplan.sample",
 }
 
 

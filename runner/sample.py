@@ -13,6 +13,7 @@ sequence length) is run again for each new token, which is plenty for a look at 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,7 +88,9 @@ def load_weights(ckdir: Path, model: GPT) -> None:
         check_metadata(ckdir / MODEL_DIR)
         state = model.state_dict()
         try:
-            dcp.load(state, checkpoint_id=str(ckdir / MODEL_DIR), no_dist=True)
+            with warnings.catch_warnings():   # "torch.distributed is ... uninitialized": one process is the intent
+                warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
+                dcp.load(state, checkpoint_id=str(ckdir / MODEL_DIR), no_dist=True)
         except Exception as e:  # noqa: BLE001 - an untrusted checkpoint: one line
             raise PlanError(str(ckdir / MODEL_DIR), f"cannot be read ({str(e).strip().splitlines()[0][:200]})",
                             "pick another --checkpoint") from None

@@ -68,7 +68,7 @@ COMMANDS: dict[str, str] = {
     "estimate": "nanoplan.estimate", "compare": "nanoplan.compare", "validate": "nanoplan.validate",
     "profiles": "nanoplan.estimate", "schema": "nanoplan.estimate", "prepare-data": "nanoplan.data",
     "probe": "nanoplan.probe", "run": "nanoplan.run", "export": "nanoplan.export",
-    "export-model": "nanoplan.export_model", "calibrate": "nanoplan.calibrate",
+    "export-model": "nanoplan.export_model", "calibrate": "nanoplan.calibrate", "sample": "nanoplan.sample",
 }
 
 
@@ -196,4 +196,20 @@ def main() -> None:
     except (getattr(cx, "Abort", typer.Abort), typer.Abort):
         _echo(error_lines("interrupted"))
         code = 130
+    except ModuleNotFoundError as e:     # an optional package (torch, matplotlib, tokenizers...) not installed
+        from nanoplan.extras import missing  # noqa: PLC0415
+
+        err = missing(e.name, _command_words())
+        if err is None:
+            raise
+        _echo(err.lines())
+        code = 2
     sys.exit(code)
+
+
+def _command_words() -> str:
+    """The command, and the flag that needs an optional package, as typed: 'validate --trace', 'prepare-data'."""
+    args = sys.argv[1:]
+    name = next((a for a in args if a in COMMANDS), "nanoplan")
+    flags = [a.split("=")[0] for a in args if a.split("=")[0] in ("--trace", "--plot", "--tensorboard")][:1]
+    return " ".join([name, *flags])

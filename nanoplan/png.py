@@ -8,8 +8,6 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlanError
-
 
 def pyplot() -> Any:
     """matplotlib.pyplot on the Agg backend; without matplotlib, the one-line --plot error (exit 2)."""
@@ -19,8 +17,9 @@ def pyplot() -> Any:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # noqa: PLC0415
     except ImportError:
-        raise PlanError("--plot", "matplotlib is not installed",
-                        "pip install 'nanoplan[plot]' (or pip install matplotlib), or drop --plot") from None
+        from nanoplan.extras import missing  # noqa: PLC0415
+
+        raise missing("matplotlib", "--plot") from None   # type: ignore[misc]
     return plt
 
 

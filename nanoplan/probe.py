@@ -106,6 +106,9 @@ def probe(
     json_out: Annotated[bool, Opt("--json", metavar=FLAG, help="Print probe.json instead of the tables")] = False,
 ) -> None:
     """Measure a plan on this machine (it and its neighbouring micro-batches), then write a corrected plan."""
+    from nanoplan.extras import require  # noqa: PLC0415
+
+    require("torch", "probe")      # its trials run in other processes, where a missing torch reads as a failed trial
     from runner.launcher import StopRequests  # noqa: PLC0415
     from runner.probe import ProbeWriteError  # noqa: PLC0415
     from runner.probe import probe as run_probe  # noqa: PLC0415

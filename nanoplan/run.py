@@ -56,6 +56,10 @@ def run(
                                                            "package)")] = False,
 ) -> None:
     """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
+    if not dry_run:
+        from nanoplan.extras import require  # noqa: PLC0415
+
+        require("torch", "run")    # torchrun's own interpreter would only say "Error while finding module specification"
     from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
 
     t0 = process_start_boottime() or boottime()     # the budget clock of this launch starts here

@@ -107,10 +107,29 @@ def _table(row: dict[str, Any], view: dict[str, Any], budget_usd: float | None,
         *((("stopped", stopped[0]), ("last checkpoint", stopped[1])) if stopped else (
             ("auto-stop in", fmt_duration(row.get("seconds_to_stop")) if row.get("seconds_to_stop") is not None
              else f"- (no deadline: stops at step {row['total_steps']:,})"),
-            ("next checkpoint in", fmt_duration(row.get("seconds_to_checkpoint"))))),
+            ("next checkpoint in", _next_checkpoint(row, view)))),
     ):
         t.add_row(k, v)
     return t
+
+
+def _next_checkpoint(row: dict[str, Any], view: dict[str, Any]) -> str:
+    """The time to the next checkpoint: the cadence's, or the final one's when the run stops first (at its
+    deadline, or at its last step at the current speed), which a 2-minute run with hourly checkpoints does."""
+    cadence = row.get("seconds_to_checkpoint")
+    ends = [s for s in (row.get("seconds_to_stop"), _seconds_to_last_step(row, view)) if s is not None]
+    end = min(ends) if ends else None
+    if end is not None and (cadence is None or end <= cadence):
+        return f"{fmt_duration(end)} (the final one)"
+    return fmt_duration(cadence)
+
+
+def _seconds_to_last_step(row: dict[str, Any], view: dict[str, Any]) -> float | None:
+    """Seconds until the projected last step at the smoothed speed; None before there is a speed."""
+    proj, step, tokens, speed = row.get("projected_steps"), row.get("step"), row.get("tokens_seen"), view.get("smoothed")
+    if not proj or not step or not tokens or not speed:
+        return None
+    return max(0, proj - step) * tokens / step / speed
 
 
 def stop_summary(plan: Plan, *, steps: int, tokens: int, hours: float, usd: float, loss: float | None,

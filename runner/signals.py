@@ -37,15 +37,26 @@ class Signals:
             self._note(name)
         runner.EARLY_SIGNALS.clear()
         stop = os.environ.get(ENV_STOP_FILE)      # read after the handlers are in place: no gap
-        if stop:
-            try:
-                self._note(Path(stop).read_text().strip()[:20] or "SIGTERM")
-            except OSError:
-                pass
+        if stop and Path(stop).exists():
+            self._note(_requested() or "SIGTERM")
 
     def _note(self, name: str) -> None:
         self.count += 1
         self.names.append(name)
 
     def _handle(self, signum: int, frame: Any) -> None:
-        self._note(signal.Signals(signum).name)
+        name = signal.Signals(signum).name
+        if signum == signal.SIGTERM:     # `nanoplan run` writes the signal it got (Ctrl-C: SIGINT) first, then sends SIGTERM
+            name = _requested() or name
+        self._note(name)
+
+
+def _requested() -> str | None:
+    """The signal `nanoplan run` got, from its stop-request file (None without one)."""
+    stop = os.environ.get(ENV_STOP_FILE)
+    if not stop:
+        return None
+    try:
+        return Path(stop).read_text().strip()[:20] or None
+    except OSError:
+        return None

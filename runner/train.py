@@ -272,8 +272,10 @@ class Trainer:
                     val = self.evaluate()
                     self.last_val = (step, val)
                     self.patience.note(val)
-                self._log_step(metrics, step, lr, loss, sync.gnorm_sum / d.world_size, real - prev_real, val)
                 reason = self._stop_reason(step, loss, sync)
+                if val is None and self._checkpoint_follows(step, reason, sync):
+                    val = self.checkpoint_val(step)     # logged with the step, as the scheduled ones are
+                self._log_step(metrics, step, lr, loss, sync.gnorm_sum / d.world_size, real - prev_real, val)
                 if reason is None and sync.want_ckpt and self._checkpoint_or_stop(step) is None:
                     reason = "write_error"
                 prev_real, prev_budget = self.clock.real(), self.clock.budget()
@@ -345,6 +347,22 @@ class Trainer:
         self.guard.observe_eval(self.clock.budget() - t0)
         return val
 
+    def _checkpoint_follows(self, step: int, reason: str | None, sync: StepSync) -> bool:
+        """Whether this step ends with a checkpoint (its cadence, or the run's end) whose validation pass
+        runs first: then the pass runs before the step's metrics row, so the row (and TensorBoard) has it."""
+        if not self.val_every:
+            return False
+        if reason is None:
+            return bool(sync.want_ckpt)
+        return reason != "nan" and not self.ckpt_write_failed and step > self.start_step
+
+    def checkpoint_val(self, step: int) -> float:
+        """The validation pass a checkpoint of `step` runs (for best.json); not counted by the patience rule,
+        which sees the scheduled passes only."""
+        if self.last_val is None or self.last_val[0] != step:
+            self.last_val = (step, self.evaluate())
+        return self.last_val[1]
+
     def _log_step(self, metrics: MetricsLog, step: int, lr: float, loss: float, gnorm: float, step_real: float,
                   val: float | None) -> None:
         """One metrics.jsonl row (rank 0) and the console's line."""
@@ -401,9 +419,7 @@ class Trainer:
     def checkpoint(self, step: int) -> Path:
         """Write a checkpoint of `step` (collective). Runs a validation pass first when enabled
         (for best.json; it does not count towards the patience rule, which sees scheduled evals only)."""
-        if self.val_every and (self.last_val is None or self.last_val[0] != step):
-            self.last_val = (step, self.evaluate())
-        val = self.last_val[1] if self.last_val and self.last_val[0] == step else None
+        val = self.checkpoint_val(step) if self.val_every else None
         replicas = compare_replicas(self.par.fingerprint(), self.raw, self.d.world_size)  # "shards" under zero2/fsdp
         if replicas["agree"] is False:
             self.log(f"warning: the {self.d.world_size} replicas' parameters differ at step {step}: "

@@ -329,8 +329,30 @@ def skeleton(lines: list[str], mode: str) -> list[str]:
     return out
 
 
+def unwrapped(lines: list[str]) -> list[str]:
+    """The lines with every shell continuation (a line ending in ` \\`) joined to the next one by one space.
+
+    A printed command (`launching: python -m torch.distributed.run ...`) wraps at the terminal's width
+    before the interpreter's path is replaced by `python`, so where it wraps depends on how long that path
+    is on the machine that renders: the check compares commands, not where they wrap."""
+    out: list[str] = []
+    joining = False
+    for line in lines:
+        text = line.strip() if joining else line
+        if joining:
+            out[-1] = f"{out[-1]} {text}" if text else out[-1]
+        else:
+            out.append(text)
+        joining = out[-1].endswith(" \\")
+        if joining:
+            out[-1] = out[-1][:-2].rstrip()
+    return out
+
+
 def same_output(block: Block, recorded: list[str], now: list[str]) -> bool:
-    """Whether a command's output still matches the recorded one, as the block's mode compares."""
+    """Whether a command's output still matches the recorded one, as the block's mode compares (commands
+    that wrap at another word, as on a machine with a longer interpreter path, still match)."""
+    recorded, now = unwrapped(recorded), unwrapped(now)
     if block.mode == "exact":
         return recorded == now
     return skeleton(recorded, block.mode) == skeleton(now, block.mode)

@@ -78,17 +78,32 @@ def test_live_panel_after_the_run_shows_why_it_stopped_not_a_countdown(seconds_t
     buf = io.StringIO()
     with Display(True, 10.0, live=True, console=Console(file=buf, force_terminal=True, width=100),
                  planned_tokens_per_sec=4096.0) as d:
-        r = row(1000, 0.5, seconds_to_stop=seconds_to_stop, seconds_to_checkpoint=3599.0)
+        r = row(1000, 10.0, seconds_to_stop=seconds_to_stop, seconds_to_checkpoint=3599.0, projected_steps=2000)
         d.update(r)
         during = Console(file=io.StringIO(), width=100, record=True)
         during.print(_table(r, d.view(r), 10.0))
         d.finish("total_steps", "runs/x/checkpoints/step_00001000")
     final, shown = _last_frame(buf.getvalue()), during.export_text()
-    assert "next checkpoint in" in shown and "59m59s" in shown
+    assert "next checkpoint in" in shown
+    assert ("59m59s" if seconds_to_stop is None else "1m35s (the final one)") in shown
     assert ("no deadline: stops at step 1,000" in shown) == (seconds_to_stop is None)
     assert "stopped" in final and "total_steps at step 1,000" in final and "step_00001000" in final
     for gone in ("next checkpoint in", "59m59s", "auto-stop in"):
         assert gone not in final, gone
+
+
+def test_next_checkpoint_is_the_final_one_when_the_run_ends_first() -> None:
+    """Issue 28: a 2-minute run with hourly checkpoints said "next checkpoint in 59m35s"; its next checkpoint is
+    the final one, at the deadline (auto-stop) or at its last step (no deadline), whichever comes first."""
+    def shown(r: dict) -> str:
+        c = Console(file=io.StringIO(), width=100, record=True)
+        c.print(_table(r, Display(True, None, live=False).view(r), None))
+        return next(line for line in c.export_text().splitlines() if "next checkpoint in" in line)
+
+    assert "2m00s (the final one)" in shown(row(10, 1.0, seconds_to_stop=120.0, seconds_to_checkpoint=3575.0))
+    assert "0m30s (the final one)" in shown(row(770, 1.0, seconds_to_checkpoint=3575.0))   # 30 steps of 1 s left
+    assert shown(row(10, 1.0, seconds_to_stop=7200.0, seconds_to_checkpoint=3575.0, projected_steps=9000)).split()[-1] \
+        == "59m35s"
 
 
 def test_hours_read_in_seconds_minutes_or_hours() -> None:

@@ -206,3 +206,21 @@ def test_the_tour_writes_only_ignored_paths() -> None:
             assert "--out" in c, f"writes to a default path in the root: {c}"
             if c.startswith("nanoplan probe"):
                 assert "--dir" in c, c
+
+
+@pytest.mark.parametrize("mode", ["", "<!-- docs: shape -->", "<!-- docs: timings -->"])
+def test_a_command_that_wraps_elsewhere_on_another_machine_still_matches(tmp_path: Path, mode: str) -> None:
+    """Issue 28: in a venv at a longer path, `launching: <interpreter> -m torch.distributed.run ...` wrapped at
+    another word, and the README's run block failed the check on a fresh clone."""
+    from nanoplan.common import wrap_command
+
+    words = ["-m", "torch.distributed.run", "--standalone", "--nnodes=1", "--nproc-per-node=2", "--max-restarts=3",
+             "-m", "runner.train", "--plan", "tour/tiny.probed.json", "--run-dir", "tour/run"]
+    here = wrap_command("launching: ", ["/usr/bin/python", *words], 80).replace("/usr/bin/python", "python")
+    long_path = "/home/someone/projects/nanoplan-fresh-clone/.venv/bin/python"
+    there = wrap_command("launching: ", [long_path, *words], 80).replace(long_path, "python")
+    assert here.splitlines() != there.splitlines()            # the wrap really falls elsewhere
+    block = rd.parse(f"{mode}\n```console\n$ true\n```")[1][0]
+    assert rd.same_output(block, here.splitlines(), there.splitlines())
+    assert not rd.same_output(block, here.splitlines(), there.replace("tour/run", "tour/other").splitlines())
+    assert rd.unwrapped(["a \\", "    b \\", "  c", "d"]) == ["a b c", "d"]

@@ -157,3 +157,19 @@ def test_export_model_equals_the_live_model(runs, ddp_run: Path, tmp_path: Path)
     ddp = torch.load(step_dir(ddp_run, STEPS) / "model.pt", weights_only=True)
     for n in names:
         torch.testing.assert_close(sd[n], ddp[n], rtol=0, atol=0 if st == "zero1" else 1e-4)
+
+
+def test_sample_reads_the_same_weights_in_memory(runs, tmp_path: Path) -> None:
+    """`nanoplan sample` loads a checkpoint without writing anything: DCP shards (zero2/fsdp) are read in memory
+    with no process group; the weights equal the consolidated export's."""
+    from runner.sample import load_weights
+
+    st, run = runs
+    sd = export(run, STEPS, tmp_path / "model.pt")
+    plan = load_plan(Path(json.loads((run / "run_info.json").read_text())["plan_path"]))
+    model = GPT(plan.request.model)
+    before = set(Path(run).rglob("*"))
+    load_weights(step_dir(run, STEPS), model)
+    assert set(Path(run).rglob("*")) == before
+    for n, t in model.state_dict().items():
+        torch.testing.assert_close(t, sd[n], rtol=0, atol=0)

@@ -93,7 +93,16 @@ def test_nanoplan_run_with_the_flag_writes_events_tensorboard_reads(tmp_path: Pa
     assert r.returncode == 0, r.stderr[-3000:]
     got = _read(run_dir / DIR)
     assert [s for s, _ in got["loss/train"]] == [1, 2, 3, 4, 5, 6]
-    assert [s for s, _ in got["loss/val"]] == [3, 6]
+    # the scheduled passes (3, 6) and the one before the first checkpoint (step 1, which measures the write): every
+    # validation the run makes reaches metrics.jsonl and TensorBoard (issue 28), the last one equal to the summary's
+    assert [s for s, _ in got["loss/val"]] == [1, 3, 6]
+    from runner.metrics import read_metrics
+    rows = read_metrics(run_dir)
+    assert [(r["step"], r["val_loss"]) for r in rows if "val_loss" in r] == [(s, pytest.approx(v, rel=1e-6))
+                                                                             for s, v in got["loss/val"]]
+    import json
+    stop = json.loads((run_dir / "stop.json").read_text())
+    assert stop["summary"]["final_val_loss"] == rows[-1]["val_loss"]
     assert all(v > 0 for _, v in got["speed/tokens_per_sec"]) and "memory/max_allocated_gib" not in got   # CPU
     without = tmp_path / "plain"
     r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(without)],

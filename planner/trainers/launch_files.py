@@ -37,9 +37,9 @@ HF_ASSETS = {"debugmodel": "./tests/assets/tokenizer", "8B": "./assets/hf/Llama-
              "70B": "./assets/hf/Llama-3.1-70B", "405B": "./assets/hf/Llama-3.1-405B"}
 
 
-# nanochat 2026-07 base_train.py: --eval-tokens defaults to 80 × 524,288; the export lets the val-bpb pass take at
-# most VAL_TIME_SHARE of the training time between two of them (a forward pass is about a third of a training step's
-# FLOPs per token, so eval tokens ≤ 3 × share × the tokens trained in between)
+# nanochat 2026-07 base_train.py: --eval-tokens defaults to 80 × 524,288; the export lets the val-bpb passes take at
+# most VAL_TIME_SHARE of the run's training time (a forward pass is about a third of a training step's FLOPs per
+# token, so the passes' tokens ≤ 3 × share × the tokens trained)
 NANOCHAT_EVAL_TOKENS = 80 * 524_288
 VAL_TIME_SHARE = 0.01
 FORWARD_SHARE = 3
@@ -52,11 +52,20 @@ def _micro_and_accum(req: PlanRequest, gpus: int) -> tuple[int, int]:
 
 # --------------------------------------------------------------------------- nanochat
 
-def nanochat_eval_tokens(req: PlanRequest, gpus: int, eval_every: int) -> int:
-    """--eval-tokens for a val-bpb pass every `eval_every` steps that takes at most VAL_TIME_SHARE of the time between
-    two passes: nanochat's default (80 × 524,288) or less, a whole number of micro-batches over all GPUs, at least one."""
+def eval_passes(steps: int, eval_every: int) -> int:
+    """base_train.py's val-bpb passes over a run: at step 0, every `eval_every` steps, and at the last step."""
+    return steps // eval_every + 1 + (1 if steps % eval_every else 0)
+
+
+def nanochat_eval_tokens(req: PlanRequest, gpus: int, eval_every: int, steps: int | None = None) -> int:
+    """--eval-tokens for a val-bpb pass every `eval_every` steps of a `steps`-step run (None: a long one) whose passes
+    take at most VAL_TIME_SHARE of its training time: nanochat's default (80 × 524,288) or less, a whole number of
+    micro-batches over all GPUs, at least one."""
     world = (req.device_batch_size or 1) * req.model.seq_len * gpus
-    cap = int(FORWARD_SHARE * VAL_TIME_SHARE * eval_every * req.total_batch_tokens)
+    if steps is None:
+        cap = int(FORWARD_SHARE * VAL_TIME_SHARE * eval_every * req.total_batch_tokens)
+    else:
+        cap = int(FORWARD_SHARE * VAL_TIME_SHARE * steps * req.total_batch_tokens / eval_passes(steps, eval_every))
     return max(world, min(NANOCHAT_EVAL_TOKENS, cap) // world * world)
 
 
@@ -79,7 +88,7 @@ def nanochat_argv(req: PlanRequest, gpus_per_node: int, steps: int, save_every: 
         vals["save_every"] = save_every
     if v == CURRENT:
         vals.update(window_pattern=req.trainer.window_pattern or "SSSL", fp8=req.fp8, eval_every=save_every,
-                    eval_tokens=nanochat_eval_tokens(req, gpus_per_node, save_every), core_metric_every=-1,
+                    eval_tokens=nanochat_eval_tokens(req, gpus_per_node, save_every, steps), core_metric_every=-1,
                     sample_every=-1)
     flags = NANOCHAT_FLAGS[v]
     args = []
@@ -96,7 +105,8 @@ def nanochat_argv(req: PlanRequest, gpus_per_node: int, steps: int, save_every: 
 
 def _nanochat_recipe_notes(plan: Plan) -> list[str]:
     """2026-07: where the batch, window pattern, FP8 and evaluation settings come from."""
-    req, t = plan.request, plan.training
+    t = plan.training
+    req = plan.request.model_copy(update={"device_batch_size": t.device_batch_size})
     auto = auto_total_batch(req.model, CURRENT)
     if t.total_batch_tokens == auto:
         batch = (f"total batch {auto:,} tokens: nanochat's own rule for d{req.model.n_layer} (no --total-batch-size: "
@@ -109,14 +119,16 @@ def _nanochat_recipe_notes(plan: Plan) -> list[str]:
     window = (f"--window-pattern={pattern}: {plan.hardware.profile_name} gets Flash Attention 3 (Hopper)" if kernel == "fa3"
               else f"--window-pattern={pattern}: {plan.hardware.profile_name} runs PyTorch's SDPA, which has no sliding "
                    "windows (base_train.py recommends L there)")
-    every = plan.schedule.checkpoint_every_steps
-    ev = nanochat_eval_tokens(req, plan.hardware.gpus_per_node, every)
-    share = ev / (FORWARD_SHARE * every * t.total_batch_tokens)
+    every, steps = plan.schedule.checkpoint_every_steps, plan.schedule.total_steps
+    ev = nanochat_eval_tokens(req, plan.hardware.gpus_per_node, every, steps)
+    passes = eval_passes(steps, every)
+    share = passes * ev / (FORWARD_SHARE * steps * t.total_batch_tokens)
     out = [batch, window]
     if req.fp8:
         out.append("--fp8: the block matrices and lm_head in FP8 (tensorwise); evaluation runs in bf16")
-    out.append(f"val bpb every {every:,} steps over {ev:,} tokens (about {share:.1%} of the time, not in the plan's "
-               "hours); CORE and samples off: run scripts.base_eval after training, as speedrun.sh does")
+    out.append(f"val bpb every {every:,} steps ({passes} passes) over {ev:,} tokens each (about {share:.1%} of the "
+               "time, not in the plan's hours); CORE and samples off: run scripts.base_eval after training, as "
+               "speedrun.sh does")
     return out
 
 

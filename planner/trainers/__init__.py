@@ -11,11 +11,14 @@ a `Trainer` here says, with a source for each part, what that trainer's step doe
   parts the trainer shares with the runner, plus what it does differently (nanochat: a bf16 token
   embedding, sharded optimizer state and full logits; torchtitan: fp32 sharded state under FSDP2 mixed
   precision and its activation-checkpoint modes; DeepSpeed: ZeRO's fp32 master state and buckets);
-- its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py.
+- its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py;
+- its own recipe where it differs from the runner's: a default total batch (`default_total_batch`), where its
+  step computes differently (`step_variant`: sliding windows, an FP8 head), how it names a strategy
+  (`strategy_label`), and whether its launch sets expandable_segments (`allocator_hardware` for the fit verdict).
 
-planner/build.py calls `trainer_for(ref)` in three places (memory, model counts, launch); this
+planner/build.py calls `trainer_for(ref)` for memory, model counts, speed, the fit verdict and the launch; this
 package never imports planner.build, so there is no cycle. Per-trainer modules: nanochat.py,
-torchtitan.py, deepspeed.py; exported launch files: planner/trainers/export.py.
+torchtitan.py, deepspeed.py; exported launch files: planner/trainers/launch_files.py.
 """
 
 from __future__ import annotations

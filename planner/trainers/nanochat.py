@@ -7,9 +7,13 @@ Versions (each a commit of karpathy/nanochat; `--trainer-version KEY`):
   public d20 and d32 memory reports were made (benchmarks/public_runs/runs.yaml). Flags go through
   the configurator (`--device_batch_size=32`); it checkpoints only at the end of the run.
 - 2025-11 (c6abcdf, 2025-11-13): the same step, plus `--save_every` and `--resume_from_step`.
-- 2026-07, the current one (92d63d4, 2026-07-03): argparse flags with dashes, value embeddings on
-  alternate layers, per-layer residual scalars, sliding-window attention (SSSL), no autocast (weights
-  cast per matmul), one MuonAdamW optimizer, a 32,768 token vocabulary padded to a multiple of 64.
+- 2026-07, the current one (92d63d4, 2026-07-03, still nanochat's newest commit on 2026-11-27): argparse flags
+  with dashes, value embeddings on alternate layers, per-layer residual scalars, sliding-window attention (SSSL),
+  no autocast (weights cast per matmul), one MuonAdamW optimizer, a 32,768 token vocabulary padded to a multiple
+  of 64. Its recipe, as base_train.py sets it by itself: the total batch from the depth (`auto_total_batch`; the
+  export leaves `--total-batch-size` out when the plan's batch is that one), `--fp8` on H100 or newer (`fp8_bytes`,
+  `step_variant`), the window pattern the attention kernel supports (`window_pattern_for`: SSSL under Flash
+  Attention 3 on Hopper, L under SDPA elsewhere), and expandable_segments (no fragmentation allowance).
 
 What the step does, and where it says so (paths at the version's commit):
 - model: d_model = 64·depth (2026-07: rounded up to a multiple of head_dim 128), head_dim 128,

@@ -32,6 +32,7 @@ Opt = typer.Option
 LENGTH, MODEL, BATCH, HARDWARE, SEARCH, OUTPUT = ("Length and data", "Model", "Batch and memory",
                                                   "Hardware and price", "Search", "Output")
 TRAINER = "Trainer"
+DEFAULT_TOTAL_BATCH = 524_288   # tokens per step without --total-batch-tokens (PlanRequest's default)
 
 
 @app.command(help="Plan one training run: model, memory, batch, throughput, hours, tokens and dollars. With no "
@@ -75,8 +76,9 @@ def estimate(
     seq_len: Annotated[Optional[int], Opt(metavar="T", rich_help_panel=MODEL, help="Sequence length")] = None,
     device_batch_size: Annotated[Optional[int], Opt(metavar="B", rich_help_panel=BATCH,
                                                     help="Micro-batch per GPU (default: largest that fits)")] = None,
-    total_batch_tokens: Annotated[int, Opt(metavar="N", rich_help_panel=BATCH,
-                                           help="Tokens per optimizer step")] = 524_288,
+    total_batch_tokens: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=BATCH,
+                                                     help="Tokens per optimizer step (default: 524,288; nanochat: "
+                                                          "its own rule from --depth)")] = None,
     strategy: Annotated[Optional[str], Opt(metavar="S", rich_help_panel=BATCH,
                                            help="ddp | zero1 | zero2 | fsdp (default: simplest that fits)")] = None,
     activation_checkpointing: Annotated[bool, Opt("--activation-checkpointing", metavar=FLAG, rich_help_panel=BATCH,
@@ -143,6 +145,8 @@ def estimate(
                                                        "torchtitan 0.2 | 0.3, deepspeed 0.19 (default: the newest)")] = None,
     ac_mode: Annotated[Optional[str], Opt(metavar="MODE", rich_help_panel=TRAINER,
                                           help="torchtitan's activation checkpointing: none | selective-op | full")] = None,
+    fp8: Annotated[bool, Opt("--fp8", metavar=FLAG, rich_help_panel=TRAINER,
+                             help="nanochat's FP8 matmuls (--fp8; H100 or newer)")] = False,
 ) -> None:
     """Plan one training run (the help text is in the decorator)."""
     if activation_checkpointing and no_activation_checkpointing:
@@ -175,9 +179,15 @@ def estimate(
         spec = trainer_model(trainer, trainer_version, depth=depth, preset=preset, seq_len=seq_len, vocab=vocab)
     else:
         spec = None
+    if fp8 and trainer == "nanoplan":
+        raise PlanError("--fp8", "nanoplan's runner trains in bf16", "give --trainer nanochat, or drop --fp8")
     if spec is None:
         spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=n_layer, d_model=d_model,
                              n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
+    if total_batch_tokens is None:   # a trainer's own rule (nanochat 2026-07 from its depth), else 524,288
+        from planner.trainers import default_total_batch  # noqa: PLC0415
+
+        total_batch_tokens = default_total_batch(trainer, trainer_version, spec, DEFAULT_TOTAL_BATCH)
     is_cpu = prof.kind == "cpu"
     default_length = spec is not None and budget_usd is None and hours_h is None and n_steps is None
     if default_length:   # a model but no length: a compute-optimal run (Chinchilla's ~20 tokens/param)
@@ -190,6 +200,7 @@ def estimate(
         budget_usd=budget_usd, hours=hours_h, steps=n_steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
         data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes or 60.0, keep_last=keep_last,
         headroom=headroom, mfu=mfu, run_dir=run_dir, spot=_spot_request(spot, mtbi, checkpoint_every_minutes),
+        fp8=fp8,
     )
     write_to = out if (out or json_out) else "plan.json"
     plan_path = write_to or "plan.json"

@@ -28,7 +28,7 @@ from planner.plan import (
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
 from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.throughput import Throughput, estimate_throughput
-from planner.trainers import trainer_for
+from planner.trainers import allocator_hardware, trainer_for
 from planner.trainers.launch_files import launch_argv
 from planner.units import fmt_bytes, fmt_count
 
@@ -105,7 +105,7 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
               n: int, limited: str = "") -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
-    v = verdict_for(mem.allocated_peak, hw, req.headroom)
+    v = verdict_for(mem.allocated_peak, allocator_hardware(hw, req.trainer), req.headroom)
     if v.verdict == "tight":
         out.append(f"tight: {v.reason}; {v.advice}")
     elif not fit:
@@ -160,7 +160,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     mem = memory_of(cfg, hw, req.trainer)
     fit = fits(mem, hw, req.headroom)
     tr = trainer_for(req.trainer)
-    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu)
+    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu, variant=tr.step_variant(req) if tr is not None else None)
     usd_per_hour = g * hw.usd_per_gpu_hour
 
     if req.steps is not None:
@@ -235,7 +235,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
         memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
                           usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
                           peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,
-                          phases=mem.phases, verdict=verdict_for(mem.allocated_peak, hw, req.headroom).verdict),
+                          phases=mem.phases,
+                          verdict=verdict_for(mem.allocated_peak, allocator_hardware(hw, req.trainer), req.headroom).verdict),
         throughput=ThroughputPlan(mfu=tp.mfu, effective_mfu=min(1.0, eff_mfu), peak_flops_per_gpu=tp.peak_flops_per_gpu,
                                   tokens_per_sec=tp.tokens_per_sec, step_seconds=tp.step_seconds,
                                   compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,

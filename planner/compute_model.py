@@ -43,6 +43,37 @@ FP8_CAST_BYTES_COMPILED = 4  # write 1), transposed fp8 copy for the weight grad
 
 
 @dataclass(frozen=True, slots=True)
+class StepVariant:
+    """Where another trainer's step computes differently from the runner's (planner/trainers/ supplies it;
+    None: the runner's step). `attention_keys`: the keys each layer's queries attend (sliding windows, as
+    nanochat's `--window-pattern`; () for the full sequence in every layer). `fp8_head`: with FP8, the output head's
+    three matmuls run in FP8 too, and cast their input and output widths (nanochat converts lm_head; torchtitan's
+    float8 filter keeps it bf16, the runner's assumption)."""
+
+    attention_keys: tuple[int, ...] = ()
+    fp8_head: bool = False
+
+    def palm_keys(self, spec: ModelSpec) -> int:
+        """Σ over layers of min(window, seq_len): the PaLM count's keys (n_layer·seq_len without windows)."""
+        if not self.attention_keys:
+            return spec.n_layer * spec.seq_len
+        return sum(min(w, spec.seq_len) for w in self.attention_keys)
+
+    def causal_keys(self, spec: ModelSpec) -> float:
+        """Σ over layers of twice the keys a query attends on average under the causal mask (n_layer·seq_len without
+        windows): a window w of T attends w − w²/2T keys on average, T/2 when w = T."""
+        T = spec.seq_len
+        if not self.attention_keys:
+            return float(spec.n_layer * T)
+        return sum(2.0 * min(w, T) - min(w, T) ** 2 / T for w in self.attention_keys)
+
+    def palm_flops_delta(self, spec: ModelSpec) -> int:
+        """What the windows take off the PaLM count of FLOPs per token (planner.counts.flops_per_token): ≤ 0."""
+        q = spec.n_head * spec.head_dim
+        return 12 * q * (self.palm_keys(spec) - spec.n_layer * spec.seq_len)
+
+
+@dataclass(frozen=True, slots=True)
 class ComputeTerms:
     """Seconds per token on one GPU, by term (recompute included)."""
 
@@ -118,26 +149,31 @@ def _block_elementwise_bytes(spec: ModelSpec, precision: Precision, compiled: bo
 
 def compute_terms(spec: ModelSpec, prof: HardwareProfile, *, precision: Precision, compiled: bool, ac: bool,
                   ac_every: int = 1, ac_policy: str = "full", fp8: bool = False,
-                  k: SpeedConstants = DEFAULT) -> ComputeTerms:
+                  k: SpeedConstants = DEFAULT, variant: StepVariant | None = None) -> ComputeTerms:
     """Seconds per token of one GPU's forward and backward (module docstring), without the chunked loss's
-    recompute (throughput.loss_recompute_flops_per_token, added per micro-batch)."""
+    recompute (throughput.loss_recompute_flops_per_token, added per micro-batch). `variant`: another trainer's
+    step (StepVariant), None for the runner's."""
     L, T = spec.n_layer, spec.seq_len
+    v = variant or StepVariant()
     q = spec.n_head * spec.head_dim
     n_ck = checkpointed_blocks(L, ac, ac_every)
     re_mm = 2.0 * n_ck * recomputed_matmul_params(spec, ac_policy) if n_ck else 0.0
     head_mm = 6.0 * (matmul_params(spec) - matrix_params(spec))           # the output head (bf16 under fp8)
     block_mm = 6.0 * matrix_params(spec) + re_mm
-    bf16_rate = matmul_rate(prof, precision, False, k)
-    mm_s = head_mm / bf16_rate + block_mm / matmul_rate(prof, precision, fp8, k)
-    attn_flops = L * 7.0 * T * q + n_ck * recompute_attention_share(ac, ac_policy) * 2.0 * T * q
+    mm_s = (head_mm / matmul_rate(prof, precision, fp8 and v.fp8_head, k)
+            + block_mm / matmul_rate(prof, precision, fp8, k))
+    attn = L * 7.0 * T * q if not v.attention_keys else 7.0 * v.causal_keys(spec) * q
+    attn_flops = attn + n_ck * recompute_attention_share(ac, ac_policy) * 2.0 * T * q
     attn_s = attn_flops / (prof.speed.attention_tflops * 1e12 * k.attention_efficiency)  # type: ignore[union-attr]
     per_block = _block_elementwise_bytes(spec, precision, compiled)
     elem = k.elementwise * per_block * (L + n_ck / 3.0)        # a re-run forward is about a third of a block's traffic
     elem += loss_bytes_per_token(spec, precision, compiled)
     if fp8:
         elem += fp8_cast_bytes(spec, compiled)
+        if v.fp8_head:
+            elem += (spec.d_model + spec.vocab_size) * (FP8_CAST_BYTES_COMPILED if compiled else FP8_CAST_BYTES_EAGER)
     elem_s = elem / hbm_rate(prof)
-    palm_attn = 12.0 * L * q * T
+    palm_attn = 12.0 * L * q * T if not v.attention_keys else 12.0 * q * v.palm_keys(spec)
     hw = 6.0 * matmul_params(spec) + re_mm + palm_attn + (n_ck * recompute_attention_share(ac, ac_policy)
                                                            * 4.0 * T * q)
     return ComputeTerms(matmul=mm_s, attention=attn_s, elementwise=elem_s, hw_flops=hw)

@@ -93,11 +93,13 @@ AcMode = Literal["none", "selective-op", "full"]
 
 class TrainerRef(_Strict):
     """Whose training step the plan models (planner/trainers/): nanoplan's runner by default, or the
-    named version of another trainer. `ac_mode` is torchtitan's activation-checkpoint mode."""
+    named version of another trainer. `ac_mode` is torchtitan's activation-checkpoint mode; `window_pattern`
+    nanochat's sliding-window pattern (`--window-pattern`; None: its default, SSSL)."""
 
     name: TrainerName = "nanoplan"
     version: str | None = Field(default=None, min_length=1, max_length=40)
     ac_mode: AcMode | None = None
+    window_pattern: Literal["SSSL", "L"] | None = None
 
 
 DEFAULT_TRAINER = TrainerRef()
@@ -371,7 +373,7 @@ def trained_fields(doc: dict[str, Any]) -> dict[str, Any]:
 # Fields added after plans were first written (spot GPUs): left out of a plan's identity while unset, so that a
 # plan.json written before them hashes as it did (its checkpoints still resume).
 _LATER_FIELDS = (("spot",), ("request", "spot"), ("request", "profile", "storage_gb_s"),
-                 ("request", "profile", "prices", "*", "spot"))
+                 ("request", "profile", "prices", "*", "spot"), ("request", "trainer", "window_pattern"))
 
 
 def _without_unset(doc: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from planner.plan import Plan, ThroughputPlan
+from planner.trainers import strategy_label
 from planner.units import fmt_bytes, fmt_count
 
 
@@ -58,7 +59,8 @@ def plan_tables(plan: Plan) -> Group:
         ("GPUs", f"{hw.spec} ({hw.num_gpus} GPUs, {hw.nodes} node{'s' if hw.nodes > 1 else ''})"),
         ("batch", f"device batch {tr.device_batch_size} × seq {tr.seq_len} × {hw.num_gpus} GPUs × "
                   f"grad accum {tr.grad_accum_steps} = {s.tokens_per_step:,} tokens/step"),
-        ("settings", f"{tr.precision}, {tr.optimizer}, {tr.strategy}, activation checkpointing "
+        ("settings", f"{tr.precision}, {tr.optimizer}, {strategy_label(plan.request.trainer, tr.strategy)}, "
+                     "activation checkpointing "
                      f"{'on' if tr.activation_checkpointing else 'off'}, compile {'on' if tr.compile else 'off'}"),
         ("tokens/s", f"{tp.tokens_per_sec:,.0f} (MFU {tp.mfu:.0%} assumed, {tp.effective_mfu:.0%} effective)"),
         ("step time", _step_time(tp)),
@@ -117,7 +119,7 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
         ("tokens", f"{fmt_count(s.total_tokens)} = {s.tokens_per_param:.1f} tokens/param{epochs}, "
                    f"{s.total_steps:,} steps"),
         ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {hw.num_gpus} GPUs = "
-                  f"{s.tokens_per_step:,} tokens/step; {tr.strategy}, {ac}"),
+                  f"{s.tokens_per_step:,} tokens/step; {strategy_label(plan.request.trainer, tr.strategy)}, {ac}"),
         ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s (MFU {tp.mfu:.0%}), {_hours(b.hours)}{stop}"),
         ("cost", f"{_usd(b.usd)} at {price}"),
         ("memory", f"{fmt_bytes(mem.per_gpu_bytes)} of {fmt_bytes(mem.capacity_bytes)} per GPU "

@@ -47,7 +47,7 @@ import math
 from dataclasses import dataclass
 
 from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token
-from planner.compute_model import ComputeTerms, compute_terms, hbm_rate, matmul_rate
+from planner.compute_model import ComputeTerms, StepVariant, compute_terms, hbm_rate, matmul_rate
 from planner.counts import flops_per_token, matrix_params, n_params
 from planner.memory_terms import StepConfig, precision_bytes
 from planner.profiles import Hardware, HardwareProfile
@@ -318,9 +318,10 @@ class StepModel:
     def __init__(self, spec: ModelSpec, hw: Hardware, *, precision: str, optimizer: str, strategy: str,
                  compiled: bool, loss_chunk_tokens: int, tokens_per_step: int, mfu: float | None = None,
                  fp8: bool = False, reduce_dtype: str | None = None, ac_every: int = 1, ac_policy: str = "full",
-                 k: SpeedConstants = DEFAULT) -> None:
+                 k: SpeedConstants = DEFAULT, variant: StepVariant | None = None) -> None:
         prof = hw.profile
         self.spec, self.hw, self.k = spec, hw, k
+        self.variant = variant          # another trainer's step (compute_model.StepVariant); None: the runner's
         self.g = hw.num_gpus
         self.gpu = prof.kind == "gpu"
         self.fp8 = bool(fp8 and self.gpu and prof.speed is not None and prof.speed.fp8_matmul_tflops)
@@ -343,10 +344,13 @@ class StepModel:
         if t is None:
             if self.flat is None:
                 t = compute_terms(self.spec, self.hw.profile, precision=self.precision, compiled=self.compiled,  # type: ignore[arg-type]
-                                  ac=ac, ac_every=self.ac_every, ac_policy=self.ac_policy, fp8=self.fp8, k=self.k)
+                                  ac=ac, ac_every=self.ac_every, ac_policy=self.ac_policy, fp8=self.fp8, k=self.k,
+                                  variant=self.variant)
             else:
                 hw_flops = flops_per_token(self.spec) + recompute_flops_per_token(self.spec, ac, self.ac_every,
                                                                                   self.ac_policy)
+                if self.variant is not None:
+                    hw_flops += self.variant.palm_flops_delta(self.spec)
                 t = ComputeTerms(matmul=0.0, attention=0.0, elementwise=0.0, hw_flops=hw_flops)
             self._terms[ac] = t
         return t
@@ -386,14 +390,16 @@ class StepModel:
 
 
 def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
-                        k: SpeedConstants = DEFAULT) -> Throughput:
+                        k: SpeedConstants = DEFAULT, variant: StepVariant | None = None) -> Throughput:
+    """The step's time and rates; `variant`: another trainer's step (compute_model.StepVariant), None: the runner's."""
     spec = cfg.spec
     g = hw.num_gpus
     micro_tokens = cfg.device_batch_size * spec.seq_len
     tokens = micro_tokens * g * cfg.grad_accum_steps
     sm = StepModel(spec, hw, precision=cfg.precision, optimizer=cfg.optimizer, strategy=cfg.strategy,
                    compiled=cfg.compile, loss_chunk_tokens=cfg.loss_chunk_tokens, tokens_per_step=tokens, mfu=mfu,
-                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=cfg.ac_policy, k=k)
+                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=cfg.ac_policy, k=k,
+                   variant=variant)
     compute, loss_s, t = sm.compute_seconds(cfg.device_batch_size, cfg.activation_checkpointing)
     step = sm.seconds(cfg.device_batch_size, cfg.grad_accum_steps, cfg.activation_checkpointing)
     micro = micro_step_seconds(sm.costs, cfg.grad_accum_steps, micro_tokens, cfg.loss_chunk_tokens,
@@ -404,7 +410,8 @@ def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
     eff = sm.effective_mfu(cfg.device_batch_size, cfg.activation_checkpointing, compute)   # what calibrate scales
     opt_mm = sm.optimizer_matmul_seconds(cfg.device_batch_size, cfg.activation_checkpointing, compute)
     scale = tokens / g if sm.flat is None else 0.0
-    return Throughput(mfu=eff, peak_flops_per_gpu=sm.peak, flops_per_token=flops_per_token(spec), tokens_per_step=tokens,
+    fpt = flops_per_token(spec) + (variant.palm_flops_delta(spec) if variant is not None else 0)
+    return Throughput(mfu=eff, peak_flops_per_gpu=sm.peak, flops_per_token=fpt, tokens_per_step=tokens,
                       compute_seconds=compute, comm_seconds=comm, exposed_comm_seconds=exposed,
                       step_seconds=step, optimizer_seconds=opt_mm + sm.costs.optimizer_fixed,
                       optimizer_matmul_seconds=opt_mm, micro_step_seconds=micro,

@@ -15,13 +15,14 @@ from typing import Any
 from planner.build import build_plan, hardware_of
 from planner.plan import Plan, PlanRequest, TrainerRef
 from planner.profiles import parse_gpu_spec
-from planner.trainers import Trainer, refuse_first, trainer_for
+from planner.trainers import Trainer, refuse_first, strategy_label, trainer_for
 from planner.units import fmt_bytes
 
 
 def _request(tr: Trainer, version: str, spec: Any, base: dict[str, Any], user: dict[str, Any]) -> PlanRequest:
-    g = parse_gpu_spec(base["gpu"], profile=base.get("profile")).num_gpus
-    req = PlanRequest.model_validate({**base, **tr.request_fields(user, g, version), "model": spec})
+    gpus = parse_gpu_spec(base["gpu"], profile=base.get("profile"))
+    fields = tr.request_fields(user, gpus.num_gpus, version, profile=gpus.profile)
+    req = PlanRequest.model_validate({**base, **fields, "model": spec})
     hw = hardware_of(req)
     refuse_first(tr.problems(req, hw.num_gpus, hw.nodes, hw.profile.kind), tr.name, version)
     return req
@@ -66,7 +67,7 @@ def _alternatives(name: str, user: dict[str, Any]) -> list[dict[str, Any]]:
 def _label(plan: Plan) -> str:
     r = plan.request
     if r.trainer.name == "deepspeed":
-        return f"ZeRO-{ {'zero1': 1, 'zero2': 2, 'fsdp': 3}[r.strategy]}"
+        return strategy_label(r.trainer, r.strategy)
     if r.trainer.name == "torchtitan":
         return f"{r.strategy} with {r.trainer.ac_mode} activation checkpointing"
     return r.trainer.name

@@ -21,6 +21,7 @@ import json
 import os
 import shlex
 import stat
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -30,6 +31,7 @@ from planner.plan import Plan, load_plan
 from planner.trainers.flags import NANOCHAT_FLAGS, TORCHTITAN_0_2_KEYS
 from planner.trainers.launch_files import deepspeed_config, launch_files
 from tests.conftest import nanoplan_cli
+from tests.errlines import error_and_hint
 
 GPU = "8xH100"
 
@@ -111,11 +113,13 @@ def test_deepspeed_rejects_what_the_config_must_not_say(ds_world, tmp_path: Path
 # --------------------------------------------------------------------------- torchtitan
 
 
-@pytest.mark.parametrize("mode, ac_class", [("selective-op", "SelectiveAC"), ("full", "FullAC"), ("none", None)])
-def test_torchtitan_03_command_is_parsed_by_torchtitan(mode: str, ac_class: str | None, tmp_path: Path, capsys) -> None:
+@pytest.mark.parametrize("mode, ac_class, keep", [("selective-op", "SelectiveAC", "1"), ("full", "FullAC", "3"),
+                                                  ("none", None, "5")])
+def test_torchtitan_03_command_is_parsed_by_torchtitan(mode: str, ac_class: str | None, keep: str, tmp_path: Path,
+                                                       capsys) -> None:
     manager = pytest.importorskip("torchtitan.config.manager")
     plan = make(tmp_path, capsys, "--trainer", "torchtitan", "--preset", "8B", "--gpu", GPU, "--device-batch-size", "1",
-                "--total-batch-tokens", str(16 * 8192), "--ac-mode", mode, "--budget", "1000")
+                "--total-batch-tokens", str(16 * 8192), "--ac-mode", mode, "--keep-last", keep, "--budget", "1000")
     text = launch_files(plan)["train.sh"]
     argv = script_command(text)
     from torch.distributed.run import get_args_parser
@@ -130,11 +134,18 @@ def test_torchtitan_03_command_is_parsed_by_torchtitan(mode: str, ac_class: str 
     kind = type(cfg.activation_checkpoint).__qualname__.split(".")[0]
     assert kind == (ac_class or kind) and (ac_class is not None or "SelectiveAC" not in kind and "FullAC" not in kind)
     assert cfg.compile.enable is False
+    # keep_latest_k at least 2 (torchtitan refuses 1); CUDA graphs off (no graph pool in the memory model); the
+    # plan's AdamW and warmup, not the config's (weight decay 0.1, 200 warmup steps)
+    assert cfg.checkpoint.keep_latest_k == max(2, int(keep)) and cfg.training.disable_cuda_graphs
+    h = plan.request.hyper
+    assert cfg.optimizer.param_groups[0].optimizer_kwargs == {"lr": h.lr, "betas": h.betas, "eps": 1e-8,
+                                                              "weight_decay": h.weight_decay}
+    assert cfg.lr_scheduler.warmup_steps == h.warmup_steps
 
 
 def test_torchtitan_02_toml_uses_only_v022_keys(tmp_path: Path, capsys) -> None:
     plan = make(tmp_path, capsys, "--trainer", "torchtitan", "--trainer-version", "0.2", "--preset", "8B", "--gpu", GPU,
-                "--device-batch-size", "1", "--total-batch-tokens", str(16 * 8192), "--budget", "1000")
+                "--device-batch-size", "1", "--total-batch-tokens", str(16 * 8192), "--keep-last", "1", "--budget", "1000")
     code, _, err = cli(["export", "plan.json", "--for", "torchtitan", "--out", "tt"], capsys, tmp_path)
     assert code == 0, err
     doc = tomllib.loads((tmp_path / "tt" / "llama3_8b.toml").read_text())
@@ -144,6 +155,7 @@ def test_torchtitan_02_toml_uses_only_v022_keys(tmp_path: Path, capsys) -> None:
     t, par = doc["training"], doc["parallelism"]
     assert doc["model"] == {"name": "llama3", "flavor": "8B", "hf_assets_path": "./assets/hf/Llama-3.1-8B"}
     assert doc["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
+    assert doc["checkpoint"]["keep_latest_k"] == 2          # v0.2.2 refuses 1 ("the last one may be being saved")
     round_trip(plan, t["local_batch_size"], t["global_batch_size"] // (t["local_batch_size"] * par["data_parallel_shard_degree"]),
                t["steps"], doc["checkpoint"]["interval"])
     argv = script_command((tmp_path / "tt" / "train.sh").read_text())
@@ -195,7 +207,8 @@ def test_nanochat_d20_for_100_dollars_gives_base_train(version: str, tmp_path: P
     if version == "2026-07":
         got = {k: v for k, v in _argparse(args, flags).items() if v is not None and v is not False}
         got = {k.replace("_", "-"): v for k, v in got.items()}
-        micro, total, steps = got["device-batch-size"], got["total-batch-size"], got["num-iterations"]
+        assert "total-batch-size" not in got           # nanochat's own rule (its default -1): 2**20 for d20
+        micro, total, steps = got["device-batch-size"], 2**20, got["num-iterations"]
         every = got["save-every"]
         assert "--resume-from-step" in out
     else:
@@ -217,3 +230,69 @@ def test_export_for_another_trainer_or_a_nanoplan_plan_is_refused(tmp_path: Path
     assert code == 2 and "plans nanoplan's step" in err and "--trainer nanochat" in err
     code, _, err = cli(["export", "plan.json", "--for", "megatron"], capsys, tmp_path)
     assert code == 2 and "error: --for: unknown trainer" in err
+
+
+# --------------------------------------------------------------------------- a hand-edited plan (issue 30 item 1)
+
+
+def _edit(tmp_path: Path, name: str, change) -> None:
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    change(doc)
+    (tmp_path / name).write_text(json.dumps(doc))
+
+
+def _refused(tmp_path: Path, capsys, name: str, trainer: str) -> str:
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    code, out, err = cli(["export", name, "--for", trainer, "--out", "launch"], capsys, tmp_path)
+    line, _ = error_and_hint(err)
+    assert code == 2 and line.startswith(f"error: {name}: stale or edited:"), err
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before and not out   # nothing written, nothing printed
+    return line
+
+
+def test_an_edited_launch_command_is_refused_and_never_copied(tmp_path: Path, capsys) -> None:
+    make(tmp_path, capsys, "--trainer", "nanochat", "--depth", "12", "--gpu", GPU, "--budget", "20")
+    payload = ["bash", "-c", "touch pwned; torchrun --standalone -m scripts.base_train"]
+    _edit(tmp_path, "edited.json", lambda d: d["launch"].update(command=payload))
+    assert "launch.command" in _refused(tmp_path, capsys, "edited.json", "nanochat")
+    # launch_files itself rebuilds the command from the request: the edited words never reach base_train.sh
+    text = launch_files(load_plan(tmp_path / "edited.json"))["base_train.sh"]
+    assert "pwned" not in text and "bash -c" not in text
+    assert script_command(text) == load_plan(tmp_path / "plan.json").launch.command
+
+
+@pytest.mark.parametrize("where", ["ABSOLUTE", "../evil.toml", "sub/../../evil.toml"])
+def test_the_torchtitan_02_toml_is_never_written_where_the_plan_says(where: str, tmp_path: Path, capsys) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (tmp_path / "outside").mkdir()
+    where = str(tmp_path / "outside" / "evil.toml") if where == "ABSOLUTE" else where
+    make(work, capsys, "--trainer", "torchtitan", "--trainer-version", "0.2", "--preset", "8B", "--gpu", GPU,
+         "--device-batch-size", "1", "--total-batch-tokens", str(16 * 8192), "--budget", "1000")
+    _edit(work, "edited.json", lambda d: d["launch"]["command"].__setitem__(-1, where))
+    _refused(work, capsys, "edited.json", "torchtitan")
+    assert not Path(where).exists() and not (work / where).exists()
+    assert list(launch_files(load_plan(work / "edited.json"))) == ["llama3_8b.toml", "train.sh"]
+
+
+def test_a_ds_config_takes_no_accumulation_from_an_edited_plan(tmp_path: Path, capsys) -> None:
+    make(tmp_path, capsys, "--trainer", "deepspeed", "--preset", "gpt2", "--gpu", GPU, "--steps", "10")
+    _edit(tmp_path, "edited.json", lambda d: d["training"].update(grad_accum_steps=10**30))
+    assert "training.grad_accum_steps" in _refused(tmp_path, capsys, "edited.json", "deepspeed")
+
+
+def test_exported_shell_words_are_quoted_and_the_scheduler_s_variables_stay_one_word(tmp_path: Path, capsys) -> None:
+    """A multi-node train.sh run by bash with a stand-in torchrun: $NODE_RANK and $MASTER_ADDR expand as one word
+    each, whatever they hold, and nothing else expands."""
+    make(tmp_path, capsys, "--trainer", "torchtitan", "--preset", "8B", "--gpu", "2x8xH100", "--device-batch-size",
+         "1", "--total-batch-tokens", str(32 * 8192), "--budget", "1000")
+    code, _, err = cli(["export", "plan.json", "--for", "torchtitan", "--out", "launch"], capsys, tmp_path)
+    assert code == 0, err
+    stub = 'torchrun() { printf "%s\\n" "$@" > args.txt; }; source ./train.sh'
+    env = {**os.environ, "NODE_RANK": "1", "MASTER_ADDR": "10.0.0.1 *"}
+    subprocess.run(["bash", "-c", stub], cwd=tmp_path / "launch", env=env, check=True)
+    words = (tmp_path / "launch" / "args.txt").read_text().splitlines()
+    assert "--node_rank=1" in words and "--rdzv_endpoint=10.0.0.1 *:29500" in words
+    plan = load_plan(tmp_path / "plan.json")
+    expected = [w.replace("$NODE_RANK", "1").replace("$MASTER_ADDR", "10.0.0.1 *") for w in plan.launch.command[1:]]
+    assert words == expected

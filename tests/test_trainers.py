@@ -86,7 +86,7 @@ def test_nanochat_versions_count_their_own_models() -> None:
     blocks = 20 * 12 * d * d
     assert current.model.n_params == blocks + 2 * V * d + 10 * V * d + 10 * 12 * 10 + 2 * 20 + 24 + 2
     assert first.model.n_params == blocks + 2 * 65536 * d
-    assert current.request.trainer == TrainerRef(name="nanochat", version="2026-07")
+    assert current.request.trainer == TrainerRef(name="nanochat", version="2026-07", window_pattern="SSSL")
 
 
 # --------------------------------------------------------------------------- torchtitan rows
@@ -200,3 +200,26 @@ def test_old_plans_stay_valid_with_the_same_hash(tmp_path: Path) -> None:
         update={"trainer": TrainerRef(name="nanochat", version="2026-07")})})
     assert plan_hash(with_trainer) != plan_hash(plan)
     assert hardware_of(loaded.request).num_gpus == 8
+
+
+def test_the_fit_verdict_counts_nanochat_s_own_allocator_setting() -> None:
+    """base_train.py sets expandable_segments:True itself (PYTORCH_ALLOC_CONF at 92d63d4): a peak that fits its
+    capacity is not 'tight' through the profile's fragmentation allowance, whose advice is that very setting. A
+    DeepSpeed step (the user's script sets nothing) at the same ratio still is."""
+    probe = nanochat_plan(20, "8xH100", 32, version="2026-07")
+    hw = hardware_of(probe.request)
+    over = hw.profile.overheads
+    allocated = probe.memory.per_gpu_bytes - sum(probe.memory.overhead.values())
+    assert over.fragmentation > 0.05
+    # a headroom that leaves room for the peak plus 5%, less than the profile's fragmentation allowance
+    headroom = 1 - (allocated * 1.05 + over.cuda_context_bytes + over.nccl_bytes) / hw.profile.usable_bytes
+    plan = nanochat_plan(20, "8xH100", 32, version="2026-07", headroom=headroom)
+    assert plan.memory.verdict == "fits" and plan.memory.fits
+    assert not [w for w in plan.warnings if w.startswith("tight")]
+    ds, _ = plan_for_trainer("deepspeed", None, gpt2(12, 768, 12), base("8xH100", device_batch_size=8), {})
+    ds_alloc = ds.memory.per_gpu_bytes - sum(ds.memory.overhead.values())
+    ds_hw = hardware_of(ds.request)
+    room = 1 - (ds_alloc * 1.05 + over.cuda_context_bytes + over.nccl_bytes) / ds_hw.profile.usable_bytes
+    tight, _ = plan_for_trainer("deepspeed", None, gpt2(12, 768, 12), base("8xH100", device_batch_size=8,
+                                                                           headroom=room), {})
+    assert tight.memory.verdict == "tight"

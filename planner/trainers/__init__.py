@@ -11,23 +11,30 @@ a `Trainer` here says, with a source for each part, what that trainer's step doe
   parts the trainer shares with the runner, plus what it does differently (nanochat: a bf16 token
   embedding, sharded optimizer state and full logits; torchtitan: fp32 sharded state under FSDP2 mixed
   precision and its activation-checkpoint modes; DeepSpeed: ZeRO's fp32 master state and buckets);
-- its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py.
+- its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py;
+- its own recipe where it differs from the runner's: a default total batch (`default_total_batch`), where its
+  step computes differently (`step_variant`: sliding windows, an FP8 head), how it names a strategy
+  (`strategy_label`), and whether its launch sets expandable_segments (`allocator_hardware` for the fit verdict).
 
-planner/build.py calls `trainer_for(ref)` in three places (memory, model counts, launch); this
+planner/build.py calls `trainer_for(ref)` for memory, model counts, speed, the fit verdict and the launch; this
 package never imports planner.build, so there is no cycle. Per-trainer modules: nanochat.py,
-torchtitan.py, deepspeed.py; exported launch files: planner/trainers/export.py.
+torchtitan.py, deepspeed.py; exported launch files: planner/trainers/launch_files.py.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.counts import flops_per_token, matmul_params, n_params, param_counts
 from planner.errors import PlanError
 from planner.memory_terms import MemoryEstimate, StepConfig
 from planner.plan import PlanRequest, TrainerRef
 from planner.spec import ModelSpec
+
+if TYPE_CHECKING:
+    from planner.compute_model import StepVariant
+    from planner.profiles import Hardware, HardwareProfile
 
 TRAINERS = ("nanoplan", "nanochat", "torchtitan", "deepspeed")
 
@@ -60,6 +67,9 @@ class Trainer:
     repo = ""
     versions: tuple[Version, ...] = ()
     default_version = ""
+    # the launch sets PYTORCH_ALLOC_CONF=expandable_segments:True (segments grow in place): no fragmentation
+    # allowance in its memory nor in its fit verdict (planner.fit_verdict's advice for "tight" is that setting)
+    expandable_segments = False
 
     # ---------------------------------------------------------------- versions
 
@@ -79,11 +89,26 @@ class Trainer:
         """(field, why the trainer cannot do it, fix) for each part of `req` it cannot express."""
         raise NotImplementedError
 
-    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None) -> dict[str, Any]:
+    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None,
+                       profile: HardwareProfile | None = None) -> dict[str, Any]:
         """The request fields that describe this trainer's step: `user` holds what the user chose (None where
         they left it open: strategy, optimizer, precision, compile, activation_checkpointing, ac_mode);
-        choices the trainer cannot express are kept, for `problems` to refuse."""
+        choices the trainer cannot express are kept, for `problems` to refuse. `profile`: the GPU, where a
+        choice follows it (nanochat's window pattern)."""
         raise NotImplementedError
+
+    def default_total_batch(self, spec: ModelSpec, version: str | None) -> int | None:
+        """Tokens per optimizer step when the user gives none: the trainer's own rule, or None for nanoplan's
+        default (524,288)."""
+        return None
+
+    def strategy_label(self, strategy: str) -> str:
+        """How the trainer names a strategy (DeepSpeed: ZeRO-3 for fsdp)."""
+        return strategy
+
+    def step_variant(self, req: PlanRequest) -> StepVariant | None:
+        """Where the step computes differently from the runner's (planner.compute_model.StepVariant), or None."""
+        return None
 
     # ---------------------------------------------------------------- the step
 
@@ -121,6 +146,31 @@ def trainer_for(ref: TrainerRef | None) -> Trainer | None:
     return DEEPSPEED
 
 
+def allocator_hardware(hw: Hardware, ref: TrainerRef | None) -> Hardware:
+    """`hw` as the fit verdict should see it for this trainer: without the fragmentation allowance where the
+    trainer's launch sets expandable_segments (nanochat's base_train.py itself; torchtitan's run_train.sh and the
+    exported train.sh)."""
+    tr = trainer_for(ref)
+    if tr is None or not tr.expandable_segments or hw.profile.kind != "gpu":
+        return hw
+    over = hw.profile.overheads.model_copy(update={"fragmentation": 0.0})
+    return hw.model_copy(update={"profile": hw.profile.model_copy(update={"overheads": over})})
+
+
+def strategy_label(ref: TrainerRef | None, strategy: str) -> str:
+    """The plan's strategy in its trainer's words (DeepSpeed's ZeRO-3 for nanoplan's fsdp)."""
+    tr = trainer_for(ref)
+    return tr.strategy_label(strategy) if tr is not None else strategy
+
+
+def default_total_batch(name: str, version: str | None, spec: ModelSpec | None, default: int) -> int:
+    """The tokens per step when the user gives none: the trainer's own rule (nanochat 2026-07) or `default`."""
+    tr = trainer_for(TrainerRef(name=name))   # type: ignore[arg-type]
+    if tr is None or spec is None:
+        return default
+    return tr.default_total_batch(spec, version) or default
+
+
 def refuse_first(problems: list[tuple[str, str, str]], trainer: str, version: str) -> None:
     """Raise the first problem as a one-line PlanError naming the trainer and version."""
     if problems:
@@ -128,4 +178,5 @@ def refuse_first(problems: list[tuple[str, str, str]], trainer: str, version: st
         raise PlanError(field, f"{trainer} {version} cannot express this: {why}", fix)
 
 
-__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "refuse_first", "trainer_for", "with_overheads"]
+__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "allocator_hardware", "default_total_batch", "refuse_first",
+           "strategy_label", "trainer_for", "with_overheads"]

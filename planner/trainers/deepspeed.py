@@ -3,8 +3,11 @@
 DeepSpeed wraps the user's own model and loop (`deepspeed.initialize(model=..., config=ds_config)`), so the
 model is the GPT nanoplan describes (for the "1B GPT-2" guide: `--style gpt2`), built eagerly, in bf16.
 
-Version 0.19 (deepspeed 0.19.8 on the package index; the same code at deepspeedai/DeepSpeed edaa722,
-2026-08-22). What it does, by file:
+Version 0.19: deepspeed 0.19.8 from the package index (uploaded 2026-10-20), the release the export tests run
+(its DeepSpeedConfig reads every exported ds_config.json). Each fact below was read in that release's own source,
+as installed (paths under deepspeed/). The newest public snapshot of deepspeedai/DeepSpeed seen here, edaa722
+(2026-08-22), is 0.19.6 development code and differs: it still accepts the `elasticity` block 0.19.8 refuses, and
+has no `compute_grad_norm`. What 0.19.8 does, by file:
 - deepspeed/runtime/config.py: `train_batch_size` must equal `train_micro_batch_size_per_gpu` ×
   `gradient_accumulation_steps` × world size (`_batch_assertion`); removed keys raise
   (`_reject_removed_config_keys`: elasticity, sparse_attention, curriculum_learning, ...).
@@ -12,7 +15,8 @@ Version 0.19 (deepspeed 0.19.8 on the package index; the same code at deepspeeda
   weights and AdamW's two moments, 12 bytes per parameter, partitioned over the data-parallel ranks
   (deepspeed/runtime/zero/stage_1_and_2.py, stage3.py). Stage 1 partitions that state, stage 2 also the
   gradients (reduced into partitions as they are made), stage 3 also the bf16 weights (gathered per
-  module ahead of use): nanoplan's zero1, zero2 and fsdp.
+  module ahead of use): nanoplan's zero1, zero2 and fsdp, shown and exported as ZeRO-1, ZeRO-2 and ZeRO-3
+  (`--strategy zero3` is taken for fsdp).
 - buckets (deepspeed/runtime/zero/config.py defaults, written out in the exported config):
   reduce_bucket_size 5e8 elements. Stage 1/2 stage gradients in `reduce_bucket_size` buffers
   (`setup_buckets`: fp32 for ZeRO-1, bf16 for ZeRO-2, two of them with overlap_comm); stage 3 keeps one
@@ -36,8 +40,8 @@ from planner.trainers import Trainer, Version, with_overheads
 
 BF16 = 2
 VERSIONS = (
-    Version("0.19", "deepspeed==0.19.8", "2026-10-01", "0.19.8",
-            "deepspeed 0.19.8 (package index; deepspeedai/DeepSpeed edaa7221267243c7be7fb49c5d5f5c4fb97b4641): "
+    Version("0.19", "deepspeed==0.19.8", "2026-10-20", "0.19.8",
+            "deepspeed 0.19.8 (package index, uploaded 2026-10-20), its installed source: "
             "deepspeed/runtime/config.py, deepspeed/runtime/zero/config.py, stage_1_and_2.py, stage3.py"),
 )
 STAGE = {"zero1": 1, "zero2": 2, "fsdp": 3}
@@ -73,7 +77,7 @@ class DeepSpeed(Trainer):
             out.append(("--gpu", "nanoplan models DeepSpeed's CUDA step", "plan it on a GPU profile"))
         if req.strategy not in STAGE:
             out.append(("--strategy", f"{req.strategy} is ZeRO stage 0, where bf16 runs DeepSpeed's own bf16 optimizer "
-                        "wrapper, which nanoplan does not model", "use --strategy zero1, zero2 or fsdp (ZeRO 1-3)"))
+                        "wrapper, which nanoplan does not model", "use --strategy zero1, zero2 or zero3"))
         if req.optimizer != "adamw":
             out.append(("--optimizer", "nanoplan writes DeepSpeed's AdamW (its Muon works with ZeRO 1-2 only and is "
                         "not modelled)", "drop --optimizer"))
@@ -90,11 +94,20 @@ class DeepSpeed(Trainer):
             out.append(("loss_chunk_tokens", "the guide's loss takes the full logits", "set it to 0"))
         if req.trainer.ac_mode is not None:
             out.append(("--ac-mode", "is a torchtitan option", "drop it"))
+        if req.fp8:
+            out.append(("--fp8", "ds_config has no FP8 training nanoplan models", "drop --fp8"))
+        if req.trainer.window_pattern is not None:
+            out.append(("window_pattern", "is a nanochat option", "leave it unset"))
         return out
 
-    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None) -> dict[str, Any]:
+    def strategy_label(self, strategy: str) -> str:
+        return f"ZeRO-{STAGE[strategy]}" if strategy in STAGE else strategy
+
+    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None,
+                       profile: Any = None) -> dict[str, Any]:
         v = self.version(version).key
-        return {"optimizer": user.get("optimizer") or "adamw", "strategy": user.get("strategy") or "fsdp",
+        strategy = {"zero3": "fsdp"}.get(user.get("strategy") or "", user.get("strategy"))   # ZeRO-3 is fsdp
+        return {"optimizer": user.get("optimizer") or "adamw", "strategy": strategy or "fsdp",
                 "activation_checkpointing": bool(user.get("activation_checkpointing")),
                 "compile": bool(user.get("compile")), "precision": user.get("precision") or "bf16-autocast",
                 "loss_chunk_tokens": 0, "trainer": TrainerRef(name="deepspeed", version=v, ac_mode=user.get("ac_mode"))}

@@ -5,8 +5,9 @@ flags `scripts/base_train.py` accepts, with their types, read at the commit of e
 (planner/trainers/nanochat.py VERSIONS): for 2025-10 and 2025-11 the configurator's keys (the
 module-level settings above `config_keys = ...`; nanochat/configurator.py overrides one only with a value
 of the same type), for 2026-07 the `parser.add_argument("--...")` lines. torchtitan 0.2's job TOML
-sections and keys are read from torchtitan/config/job_config.py at v0.2.2 (73a0e69). The exports use
-no other flag or key, and tests/test_trainer_export.py parses every exported command against these.
+sections and keys are read from torchtitan/config/job_config.py at v0.2.2 (73a0e69), and torchtitan main's flags
+(not on the package index) at b5bcd76. The exports use no other flag or key, and tests/test_trainer_export.py parses
+every exported command against these.
 """
 
 from __future__ import annotations
@@ -52,3 +53,25 @@ TORCHTITAN_0_2_KEYS: dict[str, dict[str, type]] = {
     "compile": {"enable": bool, "components": list},
     "activation_checkpoint": {"mode": str, "selective_ac_option": str},
 }
+
+# pytorch/torchtitan main @ b5bcd76c66d0acb1a08b176d9639425bc55e0b2a (2026-08-21): the tyro flags nanoplan writes, as
+# `--module llama3 --config llama3_8b --help` lists them (torchtitan/config/configs.py, the token-based TrainingConfig
+# since 73aed7f; torchtitan/components/optimizer, checkpointer/base.py), with the type of their value (bool: a flag
+# without one). The activation-checkpoint subcommands are the positional choices.
+TORCHTITAN_MAIN_FLAGS: dict[str, type | list[type]] = {
+    "--module": str, "--config": str,
+    "--training.num-tokens-per-microbatch-per-dp-rank": int, "--training.num-tokens-per-train-step": int,
+    "--training.max-context-length": int, "--training.steps": int, "--training.max-norm": float,
+    "--training.disable-cuda-graphs": bool,
+    "--optimizer.param-groups.0.optimizer-kwargs.lr": float,
+    "--optimizer.param-groups.0.optimizer-kwargs.betas": [float, float],
+    "--optimizer.param-groups.0.optimizer-kwargs.eps": float,
+    "--optimizer.param-groups.0.optimizer-kwargs.weight-decay": float,
+    "--lr-scheduler.warmup-steps": int,
+    "--parallelism.data-parallel-replicate-degree": int, "--parallelism.data-parallel-shard-degree": int,
+    "--parallelism.fsdp-reshard-after-forward": str, "--parallelism.tensor-parallel-degree": int,
+    "--checkpoint.enable": bool, "--checkpoint.interval": int, "--checkpoint.keep-latest-k": int,
+    "--compile.enable": bool, "--compile.no-enable": bool,
+}
+TORCHTITAN_MAIN_AC = ("activation-checkpoint:selective", "activation-checkpoint:full",
+                      "activation-checkpoint:memory-budget", "activation-checkpoint:none")

@@ -7,9 +7,13 @@ Versions (each a commit of karpathy/nanochat; `--trainer-version KEY`):
   public d20 and d32 memory reports were made (benchmarks/public_runs/runs.yaml). Flags go through
   the configurator (`--device_batch_size=32`); it checkpoints only at the end of the run.
 - 2025-11 (c6abcdf, 2025-11-13): the same step, plus `--save_every` and `--resume_from_step`.
-- 2026-07, the current one (92d63d4, 2026-07-03): argparse flags with dashes, value embeddings on
-  alternate layers, per-layer residual scalars, sliding-window attention (SSSL), no autocast (weights
-  cast per matmul), one MuonAdamW optimizer, a 32,768 token vocabulary padded to a multiple of 64.
+- 2026-07, the current one (92d63d4, 2026-07-03, still nanochat's newest commit on 2026-11-27): argparse flags
+  with dashes, value embeddings on alternate layers, per-layer residual scalars, sliding-window attention (SSSL),
+  no autocast (weights cast per matmul), one MuonAdamW optimizer, a 32,768 token vocabulary padded to a multiple
+  of 64. Its recipe, as base_train.py sets it by itself: the total batch from the depth (`auto_total_batch`; the
+  export leaves `--total-batch-size` out when the plan's batch is that one), `--fp8` on H100 or newer (`fp8_bytes`,
+  `step_variant`), the window pattern the attention kernel supports (`window_pattern_for`: SSSL under Flash
+  Attention 3 on Hopper, L under SDPA elsewhere), and expandable_segments (no fragmentation allowance).
 
 What the step does, and where it says so (paths at the version's commit):
 - model: d_model = 64·depth (2026-07: rounded up to a multiple of head_dim 128), head_dim 128,
@@ -42,12 +46,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from planner.compute_model import StepVariant
 from planner.counts import attn_weight_params, mlp_weight_params
 from planner.memory import BREAKDOWN_KEYS
 from planner.memory_backward import block_bw
 from planner.memory_compiled import saved_parts
-from planner.memory_terms import F32, I64, MemoryEstimate, StepConfig, Walk, model_bytes
+from planner.memory_terms import F32, I64, Dims, MemoryEstimate, StepConfig, Walk, block_weights, model_bytes
 from planner.plan import PlanRequest, TrainerRef
+from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 from planner.trainers import Counts, Trainer, Version, with_overheads
 
@@ -68,6 +74,15 @@ VOCAB_PAD = 64               # 2026-07 gpt.py: GPT(pad_vocab_size_to=64)
 VE_GATE_CHANNELS = 12        # 2026-07 gpt.py: self.ve_gate_channels = 12
 SMEAR_CHANNELS = 24          # 2026-07 gpt.py: self.smear_gate = Linear(24, 1)
 SMALL_ADAMW = 1024           # 2026-07 optim.py: params with numel < 1024 are all-reduced, not sharded
+# 2026-07 base_train.py, the total batch when --total-batch-size is -1 (its default): B_REF at d12, scaled by the
+# horizon's ratio to d12's to the power 0.383 (Power Lines, arXiv 2505.13738), rounded to a power of two; the horizon
+# is --target-param-data-ratio (default 12) × the scaling parameters (transformer matrices + lm_head)
+B_REF = 2**19
+BATCH_EXPONENT = 0.383
+DATA_RATIO = 12.0
+REF_DEPTH = 12
+FP8_ARCHITECTURES = ("hopper", "blackwell")   # base_train.py --fp8: "enable FP8 training (requires H100+ GPU)"
+FA3_ARCHITECTURES = ("hopper",)     # flash_attention.py loads varunneal/flash-attention-3 for sm90 unconditionally
 
 
 def model_spec(version: str, depth: int, seq_len: int = 2048, vocab_size: int | None = None) -> ModelSpec:
@@ -103,6 +118,38 @@ def ve_layers(n_layer: int) -> int:
     return sum(1 for i in range(n_layer) if i % 2 == (n_layer - 1) % 2)
 
 
+def attention_kernel(profile: HardwareProfile) -> str:
+    """"fa3" or "sdpa": the attention 2026-07 runs on this GPU. nanochat/flash_attention.py loads Flash Attention 3
+    from the kernels hub: varunneal/flash-attention-3 on Hopper (sm90), with bf16 compute (every CUDA GPU from sm80);
+    on Ampere and Ada only if the hub has a kernels-community/flash-attn3 build for the installed torch (unknowable
+    when planning, so not counted on); on Blackwell, a CPU or anything else, PyTorch's SDPA."""
+    arch = profile.speed.architecture if profile.kind == "gpu" and profile.speed is not None else ""
+    return "fa3" if arch in FA3_ARCHITECTURES else "sdpa"
+
+
+def window_pattern_for(profile: HardwareProfile) -> str:
+    """The --window-pattern the export passes: its default SSSL under FA3; L under SDPA, which has no sliding windows
+    (base_train.py then warns "Your GPU utilization will be terrible" and recommends --window-pattern L)."""
+    return "SSSL" if attention_kernel(profile) == "fa3" else "L"
+
+
+def scaling_params(spec: ModelSpec, version: str) -> int:
+    """base_train.py get_scaling_params: transformer matrices (every parameter of the blocks, value-embedding gates
+    included) + lm_head (padded vocabulary × d_model)."""
+    c = NANOCHAT.counts(spec, TrainerRef(name="nanochat", version=version))
+    return c.by_group["attention"] + c.by_group["mlp"] + c.by_group["head"]
+
+
+def auto_total_batch(spec: ModelSpec, version: str) -> int | None:
+    """The total batch 2026-07 picks itself (--total-batch-size -1, its default): 2**round(log2(B_REF × (D/D_ref)^0.383))
+    with D = 12 × scaling parameters and D_ref the same for d12 at this vocabulary; None for 2025 versions (524,288)."""
+    if version != CURRENT:
+        return None
+    target = int(DATA_RATIO * scaling_params(spec, version))
+    d_ref = DATA_RATIO * scaling_params(model_spec(version, REF_DEPTH, spec.seq_len, spec.vocab_size), version)
+    return int(2 ** round(math.log2(B_REF * (target / d_ref) ** BATCH_EXPONENT)))
+
+
 def _matrix_shapes(spec: ModelSpec) -> list[tuple[tuple[int, int], int]]:
     """(shape, count) of the block matrices Muon optimises: c_q, c_k, c_v, c_proj, c_fc, mlp.c_proj."""
     d, q, kv, f, L = spec.d_model, spec.n_head * spec.head_dim, spec.n_kv_head * spec.head_dim, spec.d_ff, spec.n_layer
@@ -117,6 +164,7 @@ class Nanochat(Trainer):
     repo = REPO
     versions = VERSIONS
     default_version = CURRENT
+    expandable_segments = True
 
     # ---------------------------------------------------------------- what it can express
 
@@ -155,15 +203,51 @@ class Nanochat(Trainer):
             out.append(("loss_chunk_tokens", "its loss takes the full logits in one piece", "set it to 0"))
         if req.trainer.ac_mode is not None:
             out.append(("--ac-mode", "is a torchtitan option", "drop it"))
+        out += self._recipe_problems(req, v)
         return out
 
-    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None) -> dict[str, Any]:
+    def _recipe_problems(self, req: PlanRequest, v: str) -> list[tuple[str, str, str]]:
+        """FP8 and the window pattern (2026-07 only)."""
+        out: list[tuple[str, str, str]] = []
+        arch = req.profile.speed.architecture if req.profile.kind == "gpu" and req.profile.speed is not None else "cpu"
+        if req.fp8 and v != CURRENT:
+            out.append(("--fp8", f"nanochat {v} has no --fp8 (it came on 2026-02-03, 6079f78)",
+                        "use --trainer-version 2026-07, or drop --fp8"))
+        elif req.fp8 and arch not in FP8_ARCHITECTURES:
+            out.append(("--fp8", f"its FP8 needs an H100 or newer (base_train.py: \"requires H100+ GPU\"); "
+                        f"{req.profile.name} is {arch}", "drop --fp8, or plan an H100, H200 or B200"))
+        pattern = req.trainer.window_pattern
+        if v != CURRENT and pattern is not None:
+            out.append(("window_pattern", f"nanochat {v} has no sliding windows", "leave it unset"))
+        elif v == CURRENT and pattern != "L" and attention_kernel(req.profile) == "sdpa":
+            out.append(("window_pattern", f"{pattern or 'SSSL'} on {req.profile.name}, where nanochat runs PyTorch's "
+                        "SDPA (no Flash Attention 3), which has no sliding windows: base_train.py recommends "
+                        "--window-pattern L", "re-plan it with nanoplan estimate (it picks L off Hopper)"))
+        return out
+
+    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None,
+                       profile: HardwareProfile | None = None) -> dict[str, Any]:
         v = self.version(version).key
+        pattern = window_pattern_for(profile) if v == CURRENT and profile is not None else None
         return {"optimizer": user.get("optimizer") or "muon",
                 "strategy": user.get("strategy") or ("zero1" if num_gpus > 1 else "ddp"),
                 "activation_checkpointing": bool(user.get("activation_checkpointing")),
                 "compile": user.get("compile") is not False, "precision": user.get("precision") or "bf16-autocast",
-                "loss_chunk_tokens": 0, "trainer": TrainerRef(name="nanochat", version=v, ac_mode=user.get("ac_mode"))}
+                "loss_chunk_tokens": 0, "trainer": TrainerRef(name="nanochat", version=v, ac_mode=user.get("ac_mode"),
+                                                              window_pattern=pattern)}   # type: ignore[arg-type]
+
+    def default_total_batch(self, spec: ModelSpec, version: str | None) -> int | None:
+        return auto_total_batch(spec, self.version(version).key)
+
+    def step_variant(self, req: PlanRequest) -> StepVariant | None:
+        """2026-07: its sliding windows; with --fp8 the lm_head runs in FP8 too (base_train.py's fp8_module_filter
+        converts every nn.Linear whose dims divide by 16 and are at least 128: the six block matrices and lm_head,
+        not the value-embedding gates nor the smear gate)."""
+        v = self.version(req.trainer.version).key
+        if v != CURRENT:
+            return None
+        return StepVariant(attention_keys=tuple(_windows(req.model, req.trainer.window_pattern or "SSSL")),
+                           fp8_head=True)
 
     # ---------------------------------------------------------------- counts
 
@@ -183,7 +267,7 @@ class Nanochat(Trainer):
         n = sum(groups.values())
         matmul = attn + mlp + V * d + (ve_layers(L) * VE_GATE_CHANNELS * spec.n_kv_head + SMEAR_CHANNELS
                                        if v == CURRENT else 0)
-        windows = _windows(spec) if v == CURRENT else [spec.seq_len] * L
+        windows = _windows(spec, ref.window_pattern or "SSSL") if v == CURRENT else [spec.seq_len] * L
         attn_flops = sum(12 * spec.n_head * spec.head_dim * w for w in windows)
         return Counts(n_params=n, by_group={**groups, "total": n}, matmul_params=matmul,
                       flops_per_token=6 * matmul + attn_flops)
@@ -195,9 +279,10 @@ class Nanochat(Trainer):
         phases = step_phases(cfg, v)
         name, kinds = max(phases.items(), key=lambda kv: sum(kv[1].values()))
         totals = {p: sum(k.values()) for p, k in phases.items()}
-        # base_train.py sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before importing torch: the
-        # allocator grows segments in place instead of splitting fixed ones, so the profile's fragmentation
-        # allowance (an assumption for the default allocator) is not added.
+        # base_train.py sets expandable_segments:True before importing torch (PYTORCH_CUDA_ALLOC_CONF in 2025,
+        # PYTORCH_ALLOC_CONF at 92d63d4): the allocator grows segments in place instead of splitting fixed ones, so
+        # the profile's fragmentation allowance (an assumption for the default allocator) is not added, here nor in
+        # the fit verdict (expandable_segments, planner.trainers.allocator_hardware).
         return with_overheads(totals[name], name, kinds, totals, overheads, 0.0)
 
 
@@ -205,11 +290,12 @@ class Nanochat(Trainer):
 NANOCHAT = Nanochat()
 
 
-def _windows(spec: ModelSpec) -> list[int]:
-    """2026-07 gpt.py _compute_window_sizes for SSSL: short = ceil(T/4/128)·128, the last layer long."""
+def _windows(spec: ModelSpec, pattern: str = "SSSL") -> list[int]:
+    """2026-07 gpt.py _compute_window_sizes: the pattern tiled over the layers, S = ceil(T/4/128)·128, L = T, and
+    the last layer always L."""
     T = spec.seq_len
     short = -(-T // 4 // 128) * 128
-    w = [short if "SSSL"[i % 4] == "S" else T for i in range(spec.n_layer)]
+    w = [short if pattern[i % len(pattern)] == "S" else T for i in range(spec.n_layer)]
     w[-1] = T
     return [min(x, T) for x in w]
 
@@ -268,6 +354,24 @@ def _extra_saved(spec: ModelSpec, v: str, N: int) -> int:
     return (L * per_layer + ve + 2 * BF16 * d) * N
 
 
+def fp8_bytes(D: Dims, L: int, N: int) -> tuple[int, int, int, int]:
+    """What --fp8 changes in the step's bytes (an estimate no public measurement checks yet), from nanochat/fp8.py at
+    92d63d4: each converted linear's _Float8Matmul saves its input and its weight quantized to fp8 (1 byte each,
+    ctx.save_for_backward), and its backward quantizes the output gradient (e5m2) and makes a transposed contiguous
+    copy of it and a column-major copy of the fp8 weight. Against the bf16 step (planner.memory_compiled): the bf16
+    weight copies (2 bytes) become fp8 ones (1 byte); q, k and v each save an fp8 copy of the same input; the bf16
+    ReLU² output, kept only for the MLP projection's weight gradient, becomes its fp8 copy; the attention output and
+    the norms' inputs stay (attention and the norms' backwards need them). Returns (blocks' saved bytes, the head's
+    saved bytes, the head's backward temporaries, the largest block linear's backward temporaries)."""
+    d, q, f, V, a = D.d, D.q, D.f, D.V, D.a
+    per_token = (3 * d + q + d + f) - a * f                # fp8 inputs of q/k/v, attn proj, fc, MLP proj; no bf16 ReLU²
+    blocks = L * per_token * N - L * (a - 1) * block_weights(D)
+    head = d * N - (a - 1) * V * d                          # its fp8 input; the weight copy at 1 byte, not 2
+    head_bw = 2 * N * V + V * d                             # grad fp8 + its transposed copy; the weight's copy
+    block_bw_ = 2 * N * f + f * d                           # the same for the widest block linear (fc / MLP proj)
+    return blocks, head, head_bw, block_bw_
+
+
 def step_phases(cfg: StepConfig, v: str) -> dict[str, dict[str, int]]:
     """Each phase's bytes by kind, for nanochat's compiled step (module docstring)."""
     spec = cfg.spec
@@ -278,7 +382,8 @@ def step_phases(cfg: StepConfig, v: str) -> dict[str, dict[str, int]]:
     D = m.D
     params, grads_all, opt, opt_temps, buffers = _state(mem_spec, v, dp)
     parts = saved_parts(m, N, False, 0)
-    saved = sum(parts.values()) + _extra_saved(mem_spec, v, N)
+    f8_blocks, f8_head, f8_head_bw, f8_block_bw = fp8_bytes(D, spec.n_layer, N) if cfg.fp8 else (0, 0, 0, 0)
+    saved = sum(parts.values()) + _extra_saved(mem_spec, v, N) + f8_blocks + f8_head
     inputs = 2 * I64 * N
     accum = cfg.grad_accum_steps
     grads0 = grads_all if accum > 1 else 0                       # later micro-steps add into existing grads
@@ -287,15 +392,15 @@ def step_phases(cfg: StepConfig, v: str) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {"forward_end": dict(base)}
     # backward start: d(logits) written into the logits' (donated) buffer; the head matmul's grads
     head_w = D.a * D.V * D.d
-    out["backward_start"] = {**base, "temporaries": head_w + D.a * D.d * N}
+    out["backward_start"] = {**base, "temporaries": head_w + D.a * D.d * N + f8_head_bw}
     # the blocks: the loss's saved tensors are gone, the head's fp32 weight grad exists
     head_grad = F32 * D.V * D.d if accum == 1 else 0
     level = dict(base)
-    level["activations"] -= parts["loss"] + parts["final_norm"] + parts["head_copy"]
+    level["activations"] -= parts["loss"] + parts["final_norm"] + parts["head_copy"] + f8_head
     level["gradients"] += head_grad
     b = Walk(0, {}, 1)
     block_bw(D, b, N, "fresh" if accum == 1 else "add")
-    out["backward_layers"] = {**level, "temporaries": b.peak}
+    out["backward_layers"] = {**level, "temporaries": b.peak + f8_block_bw}
     out["optimizer_step"] = {**fixed, "gradients": grads_all, "activations": inputs, "loss_temporaries": 0,
                              "temporaries": opt_temps}
     return {p: {k: int(kinds.get(k, 0)) for k in BREAKDOWN_KEYS} for p, kinds in out.items()}

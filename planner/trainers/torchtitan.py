@@ -5,10 +5,20 @@ Versions (`--trainer-version KEY`):
   torchtitan/models/llama3/train_configs/llama3_8b.toml), launched with
   `torchrun ... -m torchtitan.train --job.config_file FILE` (run_train.sh). Full logits:
   `cross_entropy(pred.flatten(0, 1).float(), ...)` (torchtitan/components/loss.py).
-- 0.3 (0.3.0 on the package index, 2026-09): Python configs chosen with `--module llama3 --config
+- 0.3 (0.3.0 on the package index, uploaded 2026-09-03): Python configs chosen with `--module llama3 --config
   llama3_8b`, overridden as `--section.key value` (torchtitan/config/manager.py, tyro), activation
   checkpointing as a subcommand (`activation-checkpoint:selective|full|none`). Its Llama configs wrap the
-  loss in ChunkedLossWrapper (num_chunks 8 over the sequence, torchtitan/components/loss.py).
+  loss in ChunkedLossWrapper (num_chunks 8 over the sequence, torchtitan/components/loss.py). It captures the
+  forward and backward in a CUDA graph unless `--training.disable-cuda-graphs` (added in f84224a, 2026-08-13;
+  torchtitan/distributed/cudagraph.py): a private pool that keeps the step's activations reserved through the
+  optimizer step and gradients that are zeroed, not freed. nanoplan's memory model has neither, so the exports
+  turn the graphs off.
+- main (b5bcd76, 2026-08-21): the same step and configs, but the batch dimension folded into the token
+  dimension since 73aed7f (2026-08-20, "fold batch dim"): `--training.num-tokens-per-microbatch-per-dp-rank`,
+  `--training.num-tokens-per-train-step` and `--training.max-context-length` replace local-batch-size,
+  global-batch-size and seq-len (torchtitan/config/configs.py TrainingConfig). Documents are packed into the
+  token budget and attention stops at document boundaries: nanoplan still counts full causal attention over
+  max-context-length, an upper bound.
 
 What the step does:
 - model: the registered Llama-3 flavours only (debugmodel, 8B, 70B, 405B; torchtitan/models/llama3/
@@ -43,14 +53,19 @@ from planner.spec import ModelSpec, llama
 from planner.trainers import Trainer, Version, with_overheads
 
 REPO = "pytorch/torchtitan"
-V02, V03 = "0.2", "0.3"
+V02, V03, MAIN = "0.2", "0.3", "main"
 VERSIONS = (
     Version(V02, "73a0e6979dd10b6b1904098eb3c8f62c18ab87ce", "2026-02-20", "v0.2.2, job TOML",
             f"{REPO} torchtitan/config/job_config.py, torchtitan/models/llama3/, torchtitan/distributed/"),
-    Version(V03, "torchtitan==0.3.0", "2026-09-01", "0.3.0, Python configs",
-            "torchtitan 0.3.0 (package index): torchtitan/config/manager.py, torchtitan/models/llama3/config_registry.py"),
+    Version(V03, "torchtitan==0.3.0", "2026-09-03", "0.3.0, Python configs",
+            "torchtitan 0.3.0 (package index, uploaded 2026-09-03): torchtitan/config/manager.py, "
+            "torchtitan/models/llama3/config_registry.py, torchtitan/config/configs.py"),
+    Version(MAIN, "b5bcd76c66d0acb1a08b176d9639425bc55e0b2a", "2026-08-21", "main, token-based batch flags",
+            f"{REPO} torchtitan/config/configs.py (TrainingConfig since 73aed7f), torchtitan/models/llama3/"
+            "config_registry.py, torchtitan/components/checkpointer/base.py"),
 )
-LOSS_CHUNKS_03 = 8          # 0.3.0 ChunkedLossWrapper.Config.num_chunks
+LOSS_CHUNKS_03 = 8          # 0.3.0 and main ChunkedLossWrapper.Config.num_chunks
+CHUNKED = (V03, MAIN)       # the versions whose Llama configs chunk the loss
 VOCAB = 128256              # Llama 3 tokenizer (8B/70B/405B); debugmodel uses 2048
 FLAVOURS: dict[str, ModelSpec] = {
     # torchtitan/models/llama3/__init__.py: dim, n_layers, n_heads, n_kv_heads, ffn from ffn_dim_multiplier/multiple_of
@@ -93,6 +108,7 @@ class Torchtitan(Trainer):
     repo = REPO
     versions = VERSIONS
     default_version = V03
+    expandable_segments = True       # run_train.sh and the exported train.sh set PYTORCH_ALLOC_CONF
 
     def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
         out: list[tuple[str, str, str]] = []
@@ -112,13 +128,18 @@ class Torchtitan(Trainer):
         if req.loss_chunk_tokens != 0:
             out.append(("loss_chunk_tokens", "its loss chunking is fixed by the version (0.2 none, 0.3 eight chunks)",
                         "set it to 0"))
+        if req.fp8:
+            out.append(("--fp8", "nanoplan does not model torchtitan's float8 converters", "drop --fp8"))
+        if req.trainer.window_pattern is not None:
+            out.append(("window_pattern", "is a nanochat option", "leave it unset"))
         mode = req.trainer.ac_mode
         if mode is None or (mode == "full") != req.activation_checkpointing:
             out.append(("--ac-mode", "the activation-checkpoint mode must be none, selective-op or full, and "
                         "activation_checkpointing true only for full", "give --ac-mode"))
         return out
 
-    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None) -> dict[str, Any]:
+    def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None,
+                       profile: Any = None) -> dict[str, Any]:
         v = self.version(version).key
         ac = user.get("activation_checkpointing")
         mode = user.get("ac_mode") or ("full" if ac else "none" if ac is False else "selective-op")
@@ -131,7 +152,7 @@ class Torchtitan(Trainer):
         v = self.version(ref.version).key
         mode = ref.ac_mode or "selective-op"
         N = cfg.device_batch_size * cfg.spec.seq_len
-        chunk = -(-N // LOSS_CHUNKS_03) if v == V03 else 0
+        chunk = -(-N // LOSS_CHUNKS_03) if v in CHUNKED else 0
         step = replace(cfg, precision="bf16", loss_chunk_tokens=chunk, activation_checkpointing=mode != "none")
         mem = estimate(step)
         P = n_params(cfg.spec)

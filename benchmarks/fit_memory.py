@@ -10,6 +10,10 @@ with FP8 all-gather, which the planner does not model) say nothing about the all
 fragmentation the verdict adds is the mean + 2 standard deviations of the others' reserved / allocated - 1: a
 margin that covers the allocator and the planner's error on all of them, and is not any one row's value.
 Held-out rows are only reported.
+
+Then the verdict on every public row (planner/fit_verdict.py, benchmarks/public_runs/adapter.py `predict`), by
+outcome: a run that ran must not be "does not fit" (the only verdict that refuses, and exits 1), one that ran out of
+memory must not be "fits". The wrong ones are listed; the count is the Done-when of issue 29 ("0 wrong fit verdicts").
 """
 
 from __future__ import annotations
@@ -53,7 +57,33 @@ def main() -> int:
     cal = [res / alloc - 1 for _, alloc, res in pairs("calibration") if res / alloc >= INFORMATIVE]
     print(f"fragmentation = mean + 2 sd of reserved / allocated - 1 over the {len(cal)} calibration rows with a ratio "
           f">= {INFORMATIVE}: {margin(cal):.4f} (mean {statistics.mean(cal):.4f}, sd {statistics.stdev(cal):.4f})")
-    return 0
+    print()
+    return verdicts()
+
+
+def verdicts() -> int:
+    """Every public row's verdict against its outcome: counts, the wrong ones, exit 1 if any is wrong."""
+    from collections import Counter  # noqa: PLC0415
+
+    from benchmarks.public_runs.adapter import predict  # noqa: PLC0415
+
+    counts: Counter[tuple[str, str]] = Counter()
+    wrong = []
+    memory_rows = 0
+    for r in load_runs():
+        p = predict(r)
+        counts[(r.outcome, p.verdict)] += 1
+        memory_rows += r.measured_memory is not None or r.outcome == "oom"
+        if not p.verdict_ok:
+            wrong.append(f"  {r.id}: {r.outcome}, verdict {p.verdict} ({p.verdict_detail})")
+    print("fit verdicts on every public row (ran: not refused; oom: not called a fit)")
+    for outcome in ("ran", "oom"):
+        parts = ", ".join(f"{v} {counts[(outcome, v)]}" for v in ("fits", "tight", "does not fit"))
+        print(f"  {outcome:4s} {sum(n for (o, _), n in counts.items() if o == outcome):3d}: {parts}")
+    print(f"  of which with a memory reading or an out-of-memory outcome: {memory_rows}")
+    print(f"wrong verdicts: {len(wrong)}")
+    print("\n".join(wrong))
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

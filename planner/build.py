@@ -7,7 +7,7 @@ import math
 from planner import __version__
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
-from planner.fit_verdict import verdict_for
+from planner.fit_verdict import RUNNER_ALLOCATOR, Allocator, FitVerdict, verdict_for
 from planner.launch import torchrun_command
 from planner.memory import estimate
 from planner.memory_terms import MemoryEstimate, StepConfig, residual_bytes
@@ -88,6 +88,17 @@ def memory_of(cfg: StepConfig, hw: Hardware, trainer: TrainerRef | None = None) 
     return estimate(cfg, overheads=over, fragmentation=frag)
 
 
+def allocator_of(req: PlanRequest) -> Allocator:
+    """How the plan's trainer configures the CUDA allocator (planner.fit_verdict)."""
+    tr = trainer_for(req.trainer)
+    return tr.allocator if tr is not None else RUNNER_ALLOCATOR
+
+
+def verdict_of(req: PlanRequest, mem: MemoryEstimate, hw: Hardware, headroom: float | None = None) -> FitVerdict:
+    """fits / tight / does not fit for the plan's step (planner.fit_verdict), with its trainer's allocator."""
+    return verdict_for(mem.allocated_peak, hw, req.headroom if headroom is None else headroom, allocator_of(req))
+
+
 def fits(mem: MemoryEstimate, hw: Hardware, headroom: float) -> bool:
     return mem.total <= hw.profile.usable_bytes * (1.0 - headroom)
 
@@ -105,9 +116,9 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
               n: int, limited: str = "") -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
-    v = verdict_for(mem.allocated_peak, hw, req.headroom)
+    v = verdict_of(req, mem, hw)
     if v.verdict == "tight":
-        out.append(f"tight: {v.reason}; {v.advice}")
+        out.append(v.warning())
     elif not fit:
         fix = ("try a smaller device batch, --activation-checkpointing, or --strategy zero1/zero2/fsdp"
                if req.trainer.name == "nanoplan" else f"see what {req.trainer.name} can do in docs/trainers.md")
@@ -158,7 +169,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     b = req.device_batch_size or choose_batch(req, hw)
     cfg = step_config(req, b, g)
     mem = memory_of(cfg, hw, req.trainer)
-    fit = fits(mem, hw, req.headroom)
+    verdict = verdict_of(req, mem, hw)
+    fit = verdict.runs       # plan.memory.fits: not refused (fits or tight); the verdict says which
     tr = trainer_for(req.trainer)
     tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu)
     usd_per_hour = g * hw.usd_per_gpu_hour
@@ -235,7 +247,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
         memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
                           usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
                           peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,
-                          phases=mem.phases, verdict=verdict_for(mem.allocated_peak, hw, req.headroom).verdict),
+                          phases=mem.phases, verdict=verdict.verdict),
         throughput=ThroughputPlan(mfu=tp.mfu, effective_mfu=min(1.0, eff_mfu), peak_flops_per_gpu=tp.peak_flops_per_gpu,
                                   tokens_per_sec=tp.tokens_per_sec, step_seconds=tp.step_seconds,
                                   compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,

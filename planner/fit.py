@@ -27,6 +27,12 @@ from planner.throughput import estimate_throughput
 from planner.units import fmt_bytes, fmt_count
 
 
+def comfortable(plan: Plan) -> bool:
+    """The verdict "fits" (margin included): what the planner's own choices keep. A tight plan is not refused
+    (plan.memory.fits), but the planner does not choose one while a setting that fits exists."""
+    return plan.memory.verdict == "fits" if plan.memory.verdict is not None else plan.memory.fits
+
+
 def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac: bool | None,
               plan_path: str = "plan.json") -> tuple[Plan, list[str], SearchResult | None]:
     """The plan for `spec`, plus why its strategy/checkpointing were chosen (empty if nothing changed).
@@ -37,15 +43,15 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
     """
     pinned = {k: v for k, v in (("strategy", strategy), ("activation_checkpointing", ac)) if v is not None}
     plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
-    if strategy is None and base.get("device_batch_size") is None and plan.memory.fits:
+    if strategy is None and base.get("device_batch_size") is None and comfortable(plan):
         faster = fastest_setting(spec, base, plan, ac, plan_path)
         if faster is not None:
             return faster
-    if strategy is None and plan.memory.fits:
+    if strategy is None and comfortable(plan):
         sharded = zero1_default(spec, {**base, **pinned}, plan_path)
         if sharded is not None:
             return sharded[0], [sharded[1]], None
-    if plan.memory.fits or (strategy is not None and ac is not None):
+    if comfortable(plan) or (strategy is not None and ac is not None):
         return plan, [], None
     hw = hardware_of(plan.request)
     result = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
@@ -54,8 +60,12 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
                     device_batch=base.get("device_batch_size"))
     for c in result.ranked[:20]:
         chosen = build_plan(request_for(c, {k: v for k, v in base.items() if k != "model"}), plan_path=plan_path)
-        if chosen.memory.fits:
+        if comfortable(chosen):
             return chosen, explain_fit(result, c, plan), result
+    if plan.memory.fits:     # tight, and nothing open fits with the margin: kept, with its warning
+        return plan, [f"{spec.name} is tight with {plan.training.strategy} at micro-batch "
+                      f"{plan.training.device_batch_size}, and no setting left open fits with the margin: "
+                      "kept, with the warning below."], result
     return plan, nothing_fits_with(spec, base, hw, plan, strategy, ac), result
 
 
@@ -73,7 +83,7 @@ def fastest_setting(spec: ModelSpec, base: dict[str, Any], simple: Plan, ac: boo
     setting = {"strategy": best.strategy, "activation_checkpointing": best.activation_checkpointing,
                "device_batch_size": best.device_batch}     # the user's length stands (no search cap)
     chosen = build_plan(PlanRequest.model_validate({**base, **setting, "model": spec}), plan_path=plan_path)
-    if not chosen.memory.fits or chosen.throughput.step_seconds >= simple.throughput.step_seconds:
+    if not comfortable(chosen) or chosen.throughput.step_seconds >= simple.throughput.step_seconds:
         return None
     return chosen, why_settings(result, best), result
 
@@ -86,7 +96,7 @@ def zero1_default(spec: ModelSpec, base: dict[str, Any], plan_path: str) -> tupl
     if not zero1_first(hw):
         return None
     plan = build_plan(req, plan_path=plan_path)
-    if not plan.memory.fits:
+    if not comfortable(plan):
         return None
     ddp_req = req.model_copy(update={"strategy": "ddp"})
     cfg = step_config(ddp_req, plan.training.device_batch_size, hw.num_gpus)

@@ -191,7 +191,7 @@ class MemoryPlan(_Strict):
     capacity_bytes: int = Field(gt=0)
     usable_bytes: int = Field(gt=0)
     headroom: float = Field(ge=0, lt=1, **Finite)
-    fits: bool                      # the allocated peak plus fragmentation within capacity (verdict "fits")
+    fits: bool                      # not refused: the verdict is "fits" or "tight" (false only for "does not fit")
     peak_phase: str
     breakdown: dict[str, NonNegInt]
     overhead: dict[str, NonNegInt]

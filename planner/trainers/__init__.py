@@ -25,6 +25,7 @@ from typing import Any
 
 from planner.counts import flops_per_token, matmul_params, n_params, param_counts
 from planner.errors import PlanError
+from planner.fit_verdict import Allocator
 from planner.memory_terms import MemoryEstimate, StepConfig
 from planner.plan import PlanRequest, TrainerRef
 from planner.spec import ModelSpec
@@ -60,6 +61,12 @@ class Trainer:
     repo = ""
     versions: tuple[Version, ...] = ()
     default_version = ""
+    # where the trainer turns on the CUDA allocator's expandable segments itself ("": it does not); planner.fit_verdict
+    allocator_sets = ""
+
+    @property
+    def allocator(self) -> Allocator:
+        return Allocator(self.name, self.allocator_sets)
 
     # ---------------------------------------------------------------- versions
 

@@ -117,6 +117,9 @@ class Nanochat(Trainer):
     repo = REPO
     versions = VERSIONS
     default_version = CURRENT
+    # os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True" before importing torch (PYTORCH_ALLOC_CONF
+    # from 50413d2 on): scripts/base_train.py line 12 at 3a5e0bc, line 15 at c6abcdf and 92d63d4
+    allocator_sets = "scripts/base_train.py, before importing torch"
 
     # ---------------------------------------------------------------- what it can express
 

@@ -93,6 +93,9 @@ class Torchtitan(Trainer):
     repo = REPO
     versions = VERSIONS
     default_version = V03
+    # run_train.sh: PYTORCH_ALLOC_CONF="expandable_segments:True" torchrun ... (0168bd5; run_llama_train.sh since
+    # a5e57e4, 2024-10-22); the wheel's torchtitan.train sets none, so nanoplan's export line sets it (launch_files.py)
+    allocator_sets = "its run_train.sh, and nanoplan's export line"
 
     def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
         out: list[tuple[str, str, str]] = []

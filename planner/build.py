@@ -72,7 +72,14 @@ def step_config(req: PlanRequest, device_batch: int, num_gpus: int) -> StepConfi
         dp=num_gpus, precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
         activation_checkpointing=req.activation_checkpointing, loss_chunk_tokens=req.loss_chunk_tokens,
         compile=req.compile, ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8,
+        separate_projections=_separate_projections(req),
     )
+
+
+def _separate_projections(req: PlanRequest) -> bool:
+    """Whether the plan's trainer runs q, k, v (and gate, up) as separate linears (planner.checkpointing)."""
+    tr = trainer_for(req.trainer)
+    return tr is not None and tr.separate_projections
 
 
 def memory_of(cfg: StepConfig, hw: Hardware, trainer: TrainerRef | None = None) -> MemoryEstimate:

@@ -54,6 +54,9 @@ class StepConfig:
     ac_every: int = 1           # checkpoint every k-th block (1: every block; torchtitan's selective "layer" is 2)
     fp8: bool = False           # FP8 matmuls in the blocks' linears (torchao Float8Linear); modelled, not run
     reduce_dtype: ReduceDtype | None = None   # dtype gradients are reduced in; None: the weight dtype (the runner)
+    # q, k, v (and SwiGLU's gate and up) as separate linears, as torchtitan's Llama block has them; the runner fuses
+    # them. Only which matmuls op-level checkpointing recomputes depends on it (planner.checkpointing).
+    separate_projections: bool = False
 
 
 @dataclass

@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token
+from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token, recompute_policy
 from planner.compute_model import ComputeTerms, compute_terms, hbm_rate, matmul_rate
 from planner.counts import flops_per_token, matrix_params, n_params
 from planner.memory_terms import StepConfig, precision_bytes
@@ -393,7 +393,7 @@ def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
     tokens = micro_tokens * g * cfg.grad_accum_steps
     sm = StepModel(spec, hw, precision=cfg.precision, optimizer=cfg.optimizer, strategy=cfg.strategy,
                    compiled=cfg.compile, loss_chunk_tokens=cfg.loss_chunk_tokens, tokens_per_step=tokens, mfu=mfu,
-                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=cfg.ac_policy, k=k)
+                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=recompute_policy(cfg), k=k)
     compute, loss_s, t = sm.compute_seconds(cfg.device_batch_size, cfg.activation_checkpointing)
     step = sm.seconds(cfg.device_batch_size, cfg.grad_accum_steps, cfg.activation_checkpointing)
     micro = micro_step_seconds(sm.costs, cfg.grad_accum_steps, micro_tokens, cfg.loss_chunk_tokens,

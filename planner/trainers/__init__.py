@@ -63,6 +63,8 @@ class Trainer:
     default_version = ""
     # where the trainer turns on the CUDA allocator's expandable segments itself ("": it does not); planner.fit_verdict
     allocator_sets = ""
+    # q, k, v (and SwiGLU's gate and up) as separate linears: which matmuls op-level checkpointing recomputes
+    separate_projections = False
 
     @property
     def allocator(self) -> Allocator:

@@ -96,6 +96,7 @@ class Torchtitan(Trainer):
     # run_train.sh: PYTORCH_ALLOC_CONF="expandable_segments:True" torchrun ... (0168bd5; run_llama_train.sh since
     # a5e57e4, 2024-10-22); the wheel's torchtitan.train sets none, so nanoplan's export line sets it (launch_files.py)
     allocator_sets = "its run_train.sh, and nanoplan's export line"
+    separate_projections = True     # wq, wk, wv, wo; w1, w3, w2 (planner/checkpointing.py)
 
     def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
         out: list[tuple[str, str, str]] = []
@@ -116,9 +117,11 @@ class Torchtitan(Trainer):
             out.append(("loss_chunk_tokens", "its loss chunking is fixed by the version (0.2 none, 0.3 eight chunks)",
                         "set it to 0"))
         mode = req.trainer.ac_mode
-        if mode is None or (mode == "full") != req.activation_checkpointing:
-            out.append(("--ac-mode", "the activation-checkpoint mode must be none, selective-op or full, and "
-                        "activation_checkpointing true only for full", "give --ac-mode"))
+        if mode is None or (mode != "none") != req.activation_checkpointing or \
+                (mode == "selective-op") != (req.ac_policy == "selective-op") or req.ac_every != 1:
+            out.append(("--ac-mode", "the activation-checkpoint mode must be none, selective-op or full, with "
+                        "activation_checkpointing true and ac_policy as the mode for selective-op and full",
+                        "give --ac-mode"))
         return out
 
     def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None) -> dict[str, Any]:
@@ -126,7 +129,8 @@ class Torchtitan(Trainer):
         ac = user.get("activation_checkpointing")
         mode = user.get("ac_mode") or ("full" if ac else "none" if ac is False else "selective-op")
         return {"optimizer": user.get("optimizer") or "adamw", "strategy": user.get("strategy") or "fsdp",
-                "activation_checkpointing": mode == "full", "compile": bool(user.get("compile")),
+                "activation_checkpointing": mode != "none", "ac_policy": "selective-op" if mode == "selective-op" else "full",
+                "compile": bool(user.get("compile")),
                 "precision": user.get("precision") or "bf16-autocast", "loss_chunk_tokens": 0,
                 "trainer": TrainerRef(name="torchtitan", version=v, ac_mode=mode)}
 
@@ -135,7 +139,9 @@ class Torchtitan(Trainer):
         mode = ref.ac_mode or "selective-op"
         N = cfg.device_batch_size * cfg.spec.seq_len
         chunk = -(-N // LOSS_CHUNKS_03) if v == V03 else 0
-        step = replace(cfg, precision="bf16", loss_chunk_tokens=chunk, activation_checkpointing=mode != "none")
+        # selective-op: the fully checkpointed step plus what torchtitan's policy saves (selective_op_saved, below)
+        step = replace(cfg, precision="bf16", loss_chunk_tokens=chunk, activation_checkpointing=mode != "none",
+                       ac_policy="full")
         mem = estimate(step)
         P = n_params(cfg.spec)
         dp = max(1, cfg.dp) if cfg.strategy != "ddp" else 1

@@ -25,6 +25,7 @@ from planner.plan import (
     TrainerRef,
     TrainingPlan,
 )
+from planner.precision_choice import PURE_BF16_WARNING
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
 from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.throughput import Throughput, estimate_throughput
@@ -149,6 +150,8 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
     if sched.storage_bytes > LARGE_STORAGE_BYTES:
         out.append(f"checkpoint storage is large: {fmt_bytes(sched.storage_bytes)} "
                    f"(keep_last={sched.keep_last} plus best); lower --keep-last")
+    if req.precision == "bf16":
+        out.append(PURE_BF16_WARNING)
     if hw.usd_per_gpu_hour == 0 and req.budget_usd is not None:
         out.append("price is 0, so a dollar budget cannot bound the run")
     if (c := speed_off(hw.profile)) is not None:

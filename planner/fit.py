@@ -12,6 +12,7 @@ search). It returns the plan and a few sentences, with numbers, that say why.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from planner.build import build_plan, hardware_of, memory_of, step_config
@@ -19,6 +20,7 @@ from planner.candidates import Candidate, SearchResult
 from planner.explain import min_memory, why_settings, zero1_sentence
 from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
+from planner.precision_choice import CITE
 from planner.profiles import Hardware
 from planner.ranking import SETTINGS_TOL, zero1_first
 from planner.selection import length_from, request_for, search, settings_from
@@ -125,11 +127,26 @@ def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], hw: Hardware, simpl
     free = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
                   device_batch=base.get("device_batch_size"))
     if free.best is None:
-        return [head, "No strategy or checkpointing makes it fit here: use more or bigger GPUs or a smaller model."]
+        return [head, "No strategy or checkpointing makes it fit here: use more or bigger GPUs or a smaller model.",
+                *pure_bf16_fits(spec, base, hw)]
     c = free.best
     drop = " and ".join(x for x in (pinned, "--device-batch-size" if b is not None and c.device_batch != b else "") if x)
     return [head, f"{c.settings_label} at micro-batch {c.device_batch} would fit ({fmt_bytes(c.mem_bytes)} per GPU): "
                   f"drop {drop or 'the pinned settings'} to let nanoplan choose."]
+
+
+def pure_bf16_fits(spec: ModelSpec, base: dict[str, Any], hw: Hardware) -> list[str]:
+    """Under bf16 autocast, when nothing fits: whether pure bf16 would, and why it is not chosen (planner.precision_choice)."""
+    if base.get("precision", "bf16-autocast") != "bf16-autocast":
+        return []
+    pure = search([spec], hw, length_from(base), replace(settings_from(base), precision="bf16"),
+                  objective="throughput", device_batch=base.get("device_batch_size"))
+    if pure.best is None:
+        return []
+    c = pure.best
+    return [f"Pure bf16 (--precision bf16) would fit, {c.settings_label} at micro-batch {c.device_batch} "
+            f"({fmt_bytes(c.mem_bytes)} per GPU), but with no fp32 master weights AdamW's small updates round away "
+            f"({CITE}); nanoplan does not choose it for you."]
 
 
 def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[str]:

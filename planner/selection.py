@@ -20,6 +20,7 @@ from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
+from planner.precision_choice import pure_bf16_sentence
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.ranking import OBJECTIVES, SETTINGS_TOL, choose, epoch_cap_steps, prefer_simpler, zero1_first
 from planner.spec import ModelSpec
@@ -104,6 +105,7 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
 
         print_table(console, runners_up_table(result, top, None if wide else console.width))
         if explain:
-            console.print(Panel("\n".join(f"• {x}" for x in why(result)), title=f"Why {plan.model.name}",
+            reasons = why(result) + [x for x in (pure_bf16_sentence(result),) if x]   # planner.precision_choice
+            console.print(Panel("\n".join(f"• {x}" for x in reasons), title=f"Why {plan.model.name}",
                                 title_align="left"))
     return plan

@@ -45,6 +45,8 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
     """
     pinned = {k: v for k, v in (("strategy", strategy), ("activation_checkpointing", ac)) if v is not None}
     plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
+    if plan.request.tp > 1 or plan.request.strategy == "hsdp":   # planned as asked: the search runs the runner's
+        return plan, [], None                                     # strategies only (planner/parallelism.py)
     if strategy is None and base.get("device_batch_size") is None and comfortable(plan):
         faster = fastest_setting(spec, base, plan, ac, plan_path)
         if faster is not None:

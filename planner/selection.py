@@ -91,6 +91,9 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
     """`nanoplan estimate` with no model: search, print runners-up and reasons, return the plan."""
     if top < 0:
         raise PlanError("--top", f"must be >= 0, got {top}")
+    if base.get("tp", 1) > 1 or base.get("strategy") == "hsdp":     # planner/parallelism.py: planned, not searched
+        raise PlanError("--tp" if base.get("tp", 1) > 1 else "--strategy", "tensor parallelism and hsdp are planned "
+                        "for a given model, not searched", "give the model: --depth, --preset or its dims")
     hw = parse_gpu_spec(base["gpu"], profile=base["profile"], provider=base.get("provider"), price=base.get("price"))
     models = depth_ladder(style or "nanochat", seq_len=seq_len or 2048, vocab_size=vocab_size)
     result = search(models, hw, length_from(base), settings_from(base), objective=objective,

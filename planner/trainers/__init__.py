@@ -65,6 +65,8 @@ class Trainer:
     allocator_sets = ""
     # q, k, v (and SwiGLU's gate and up) as separate linears: which matmuls op-level checkpointing recomputes
     separate_projections = False
+    # runs hsdp and tensor parallelism (planner/parallelism.py); the others are refused
+    hybrid_parallel = False
 
     @property
     def allocator(self) -> Allocator:

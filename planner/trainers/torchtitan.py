@@ -37,6 +37,7 @@ from typing import Any
 
 from planner.counts import n_params
 from planner.memory import estimate
+from planner.memory_parallel import param_shards
 from planner.memory_terms import F32, MemoryEstimate, StepConfig
 from planner.plan import PlanRequest, TrainerRef
 from planner.spec import ModelSpec, llama
@@ -97,6 +98,7 @@ class Torchtitan(Trainer):
     # a5e57e4, 2024-10-22); the wheel's torchtitan.train sets none, so nanoplan's export line sets it (launch_files.py)
     allocator_sets = "its run_train.sh, and nanoplan's export line"
     separate_projections = True     # wq, wk, wv, wo; w1, w3, w2 (planner/checkpointing.py)
+    hybrid_parallel = True          # --parallelism.data_parallel_replicate_degree, tensor_parallel_degree
 
     def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
         out: list[tuple[str, str, str]] = []
@@ -105,9 +107,9 @@ class Torchtitan(Trainer):
         if flavour_of(req.model) is None:
             out.append(("--preset", "its llama3 module builds only the registered flavours (debugmodel, 8B, 70B, 405B); "
                         "model dims are not options", "give --preset 8B (or 70B, 405B, debugmodel)"))
-        if req.strategy not in ("fsdp", "zero2", "ddp"):
+        if req.strategy not in ("fsdp", "zero2", "ddp", "hsdp"):
             out.append(("--strategy", f"{req.strategy}: it shards optimizer state only with the parameters (FSDP2)",
-                        "use --strategy fsdp, zero2 (reshard_after_forward never) or ddp"))
+                        "use --strategy fsdp, zero2 (reshard_after_forward never), hsdp or ddp"))
         if req.optimizer != "adamw":
             out.append(("--optimizer", "its Llama configs train with AdamW", "drop --optimizer"))
         if req.precision != "bf16-autocast":
@@ -144,7 +146,7 @@ class Torchtitan(Trainer):
                        ac_policy="full")
         mem = estimate(step)
         P = n_params(cfg.spec)
-        dp = max(1, cfg.dp) if cfg.strategy != "ddp" else 1
+        dp = param_shards(cfg)      # the FSDP shard group (hsdp: one node's), × the tensor-parallel degree
         breakdown = dict(mem.breakdown)
         extra = {"parameters": 2 * P // dp, "optimizer_state": 4 * P // dp,     # fp32 shards, not bf16
                  "gradients": breakdown["gradients"]}                            # fp32 gradients (reduce fp32)

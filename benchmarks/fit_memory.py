@@ -83,7 +83,30 @@ def verdicts() -> int:
     print(f"  of which with a memory reading or an out-of-memory outcome: {memory_rows}")
     print(f"wrong verdicts: {len(wrong)}")
     print("\n".join(wrong))
+    tensor_parallel_rows()
     return 1 if wrong else 0
+
+
+def tensor_parallel_rows() -> None:
+    """The rows with tensor parallelism under the planner's own TP model (planner/memory_parallel.py, sequence
+    parallel as torchtitan runs it) against their reading; the adapter's verdict above treats a TP group as one
+    device (tp_merged), which gives the same allocation with sequence parallelism."""
+    from dataclasses import replace  # noqa: PLC0415
+
+    from benchmarks.public_runs.adapter import gpu_variant  # noqa: PLC0415
+    from planner.fit_verdict import verdict_for  # noqa: PLC0415
+    from planner.profiles import find_profile, parse_gpu_spec  # noqa: PLC0415
+
+    for r in load_runs():
+        if r.tp_degree <= 1:
+            continue
+        prof = gpu_variant(r, find_profile(r.gpu))
+        hw = parse_gpu_spec(f"{r.nodes}x{r.gpus_per_node}x{prof.name}", profile=prof)
+        alloc = estimate(replace(inputs(r).mem_cfg, tp=r.tp_degree)).allocated_peak
+        b, kind = measured_memory_bytes(r)
+        got = f", {kind} {b / 2**30:.1f} GiB" if b else ""
+        print(f"tensor parallel {r.id}: TP {r.tp_degree} x dp {r.dp_degree}, {alloc / 2**30:.1f} GiB allocated per GPU"
+              f"{got}: {verdict_for(alloc, hw).verdict} ({r.outcome})")
 
 
 if __name__ == "__main__":

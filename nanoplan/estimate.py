@@ -80,7 +80,10 @@ def estimate(
                                                      help="Tokens per optimizer step (default: 524,288; nanochat: "
                                                           "its own rule from --depth)")] = None,
     strategy: Annotated[Optional[str], Opt(metavar="S", rich_help_panel=BATCH,
-                                           help="ddp | zero1 | zero2 | fsdp (default: simplest that fits)")] = None,
+                                           help="ddp | zero1 | zero2 | fsdp (default: simplest that fits); hsdp: "
+                                                "planned, not run (docs/scale-out.md)")] = None,
+    tp: Annotated[int, Opt("--tp", metavar="N", rich_help_panel=BATCH,
+                           help="Tensor-parallel degree, within a node: planned, not run (docs/scale-out.md)")] = 1,
     activation_checkpointing: Annotated[bool, Opt("--activation-checkpointing", metavar=FLAG, rich_help_panel=BATCH,
                                                   help="Recompute activations in the backward pass (default: only "
                                                        "when needed to fit; the --no- form forbids it)")] = False,
@@ -201,6 +204,7 @@ def estimate(
         data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes or 60.0, keep_last=keep_last,
         headroom=headroom, mfu=mfu, run_dir=run_dir, spot=_spot_request(spot, mtbi, checkpoint_every_minutes),
         fp8=fp8,
+        tp=tp,
     )
     write_to = out if (out or json_out) else "plan.json"
     plan_path = write_to or "plan.json"

@@ -95,6 +95,10 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         name = plan.request.trainer.name
         raise PlanError(plan_path, f"plans {name}'s training step, not nanoplan's runner",
                         f"run it with {name}: nanoplan export {plan_path} --for {name}")
+    from planner.parallelism import RUNNER_HINT, runner_problem  # noqa: PLC0415
+
+    if (no_run := runner_problem(plan.request)) is not None:     # hsdp or tensor parallelism: planned, not run
+        raise PlanError(plan_path, no_run, RUNNER_HINT)
     fresh, stale = rederive(plan, plan_path)
     if stale:
         typer.echo(f"warning: {len(stale)} derived number(s) in {plan_path} differ from a fresh derivation "

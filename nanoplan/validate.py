@@ -26,7 +26,7 @@ def validate(
     json_out: Annotated[bool, Opt("--json", help="Print a JSON list, one object per plan")] = False,
     headroom: Annotated[float, Opt(metavar="F", help="Memory kept free beyond the fragmentation, a fraction of the GPU")] = 0.0,
 ) -> None:
-    """Re-derive every number in each plan, check it fits; exit 0 all fit, 1 not, 2 bad input."""
+    """Re-derive every number in each plan, check it fits; exit 0 all fit (tight: a warning), 1 not, 2 bad input."""
     from planner.validate import exit_code, validate_paths  # noqa: PLC0415
 
     tracer = None
@@ -54,7 +54,8 @@ def _print(checks: list, trace: bool) -> None:
         if trace:
             traced = (fmt_bytes(c.traced_peak_bytes or 0), f"{c.trace_error:+.2%}" if c.trace_error is not None else "-")
         rows.append([c.path, c.name, c.gpu, fmt_bytes(c.analytic_peak_bytes), *traced, fmt_bytes(c.per_gpu_bytes),
-                     fmt_bytes(c.capacity_bytes), _yes(c.fits), _yes(c.consistent)])
+                     fmt_bytes(c.capacity_bytes), "[yellow]tight[/yellow]" if c.verdict == "tight" else _yes(c.fits),
+                     _yes(c.consistent)])
     console = Console()     # the terminal's width, or $COLUMNS (80 when neither is known)
     t = fit_table(cols, rows, console.width)
     note = hidden_note(cols, t, "--json shows all")
@@ -67,6 +68,8 @@ def _print(checks: list, trace: bool) -> None:
     for c in checks:
         for p in c.problems:
             console.print(f"[red]{c.path}[/red]: {p}", highlight=False)
+        for w in c.warnings:        # tight: a warning, not a failure (planner.fit_verdict)
+            console.print(f"[yellow]{c.path}[/yellow]: {w}", highlight=False)
         if c.trace_note:
             console.print(f"{c.path}: {c.trace_note}", highlight=False)
     bad = sum(not c.ok for c in checks)

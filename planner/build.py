@@ -7,10 +7,11 @@ import math
 from planner import __version__
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
-from planner.fit_verdict import verdict_for
+from planner.fit_verdict import RUNNER_ALLOCATOR, Allocator, FitVerdict, verdict_for
 from planner.launch import torchrun_command
 from planner.memory import estimate
 from planner.memory_terms import MemoryEstimate, StepConfig, residual_bytes
+from planner.parallelism import RUNNER_HINT, check_parallelism, data_parallel_degree, hsdp_shard, runner_problem
 from planner.plan import (
     BudgetPlan,
     HardwarePlan,
@@ -25,10 +26,11 @@ from planner.plan import (
     TrainerRef,
     TrainingPlan,
 )
+from planner.precision_choice import PURE_BF16_WARNING
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
 from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.throughput import Throughput, estimate_throughput
-from planner.trainers import allocator_hardware, trainer_for
+from planner.trainers import trainer_for
 from planner.trainers.launch_files import launch_argv
 from planner.units import fmt_bytes, fmt_count
 
@@ -66,13 +68,22 @@ def grad_accum(total_batch_tokens: int, device_batch: int, seq_len: int, num_gpu
 
 
 def step_config(req: PlanRequest, device_batch: int, num_gpus: int) -> StepConfig:
+    dp = data_parallel_degree(num_gpus, req.tp)     # a tensor-parallel group shares each micro-batch
     return StepConfig(
         spec=req.model, device_batch_size=device_batch,
-        grad_accum_steps=grad_accum(req.total_batch_tokens, device_batch, req.model.seq_len, num_gpus),
-        dp=num_gpus, precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
+        grad_accum_steps=grad_accum(req.total_batch_tokens, device_batch, req.model.seq_len, dp),
+        dp=dp, precision=req.precision, optimizer=req.optimizer, strategy=req.strategy,
         activation_checkpointing=req.activation_checkpointing, loss_chunk_tokens=req.loss_chunk_tokens,
         compile=req.compile, ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8,
+        separate_projections=_separate_projections(req), tp=req.tp, sequence_parallel=req.sequence_parallel,
+        hsdp_shard=hsdp_shard(req.strategy, hardware_of(req).gpus_per_node, req.tp) if req.strategy == "hsdp" else 0,
     )
+
+
+def _separate_projections(req: PlanRequest) -> bool:
+    """Whether the plan's trainer runs q, k, v (and gate, up) as separate linears (planner.checkpointing)."""
+    tr = trainer_for(req.trainer)
+    return tr is not None and tr.separate_projections
 
 
 def memory_of(cfg: StepConfig, hw: Hardware, trainer: TrainerRef | None = None) -> MemoryEstimate:
@@ -88,13 +99,24 @@ def memory_of(cfg: StepConfig, hw: Hardware, trainer: TrainerRef | None = None) 
     return estimate(cfg, overheads=over, fragmentation=frag)
 
 
+def allocator_of(req: PlanRequest) -> Allocator:
+    """How the plan's trainer configures the CUDA allocator (planner.fit_verdict)."""
+    tr = trainer_for(req.trainer)
+    return tr.allocator if tr is not None else RUNNER_ALLOCATOR
+
+
+def verdict_of(req: PlanRequest, mem: MemoryEstimate, hw: Hardware, headroom: float | None = None) -> FitVerdict:
+    """fits / tight / does not fit for the plan's step (planner.fit_verdict), with its trainer's allocator."""
+    return verdict_for(mem.allocated_peak, hw, req.headroom if headroom is None else headroom, allocator_of(req))
+
+
 def fits(mem: MemoryEstimate, hw: Hardware, headroom: float) -> bool:
     return mem.total <= hw.profile.usable_bytes * (1.0 - headroom)
 
 
 def choose_batch(req: PlanRequest, hw: Hardware) -> int:
     """The largest device batch that divides the target batch and fits in memory."""
-    choices = batch_choices(req.total_batch_tokens, req.model.seq_len, hw.num_gpus)
+    choices = batch_choices(req.total_batch_tokens, req.model.seq_len, data_parallel_degree(hw.num_gpus, req.tp))
     for b in choices:
         if fits(memory_of(step_config(req, b, hw.num_gpus), hw, req.trainer), hw, req.headroom):
             return b
@@ -105,9 +127,9 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
               n: int, limited: str = "") -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
-    v = verdict_for(mem.allocated_peak, allocator_hardware(hw, req.trainer), req.headroom)
+    v = verdict_of(req, mem, hw)
     if v.verdict == "tight":
-        out.append(f"tight: {v.reason}; {v.advice}")
+        out.append(v.warning())
     elif not fit:
         fix = ("try a smaller device batch, --activation-checkpointing, or --strategy zero1/zero2/fsdp"
                if req.trainer.name == "nanoplan" else f"see what {req.trainer.name} can do in docs/trainers.md")
@@ -131,6 +153,10 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
     if sched.storage_bytes > LARGE_STORAGE_BYTES:
         out.append(f"checkpoint storage is large: {fmt_bytes(sched.storage_bytes)} "
                    f"(keep_last={sched.keep_last} plus best); lower --keep-last")
+    if req.precision == "bf16":
+        out.append(PURE_BF16_WARNING)
+    if req.trainer.name == "nanoplan" and (no_run := runner_problem(req)):
+        out.append(f"{no_run}: {RUNNER_HINT}")
     if hw.usd_per_gpu_hour == 0 and req.budget_usd is not None:
         out.append("price is 0, so a dollar budget cannot bound the run")
     if (c := speed_off(hw.profile)) is not None:
@@ -155,10 +181,13 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     if req.fp8 and not (hw.profile.speed is not None and hw.profile.speed.fp8_matmul_tflops):
         raise PlanError("--fp8", f"{hw.profile.name} has no FP8 matmuls in its profile",
                         "drop --fp8, or plan a GPU with FP8 (H100, H200, B200, L4, L40S, RTX 4090)")
+    tr = trainer_for(req.trainer)
+    check_parallelism(req, hw, tr)
     b = req.device_batch_size or choose_batch(req, hw)
     cfg = step_config(req, b, g)
     mem = memory_of(cfg, hw, req.trainer)
-    fit = fits(mem, hw, req.headroom)
+    verdict = verdict_of(req, mem, hw)
+    fit = verdict.runs       # plan.memory.fits: not refused (fits or tight); the verdict says which
     tr = trainer_for(req.trainer)
     tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu, variant=tr.step_variant(req) if tr is not None else None)
     usd_per_hour = g * hw.usd_per_gpu_hour
@@ -194,7 +223,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     opt_elems = 2 * N if req.optimizer == "adamw" else (matrix_params(spec) + 2 * (N - matrix_params(spec)))
     opt_full = opt_elems * w_bytes
     sharded = req.strategy in ("zero1", "zero2", "fsdp")
-    opt_rank = opt_full // g if sharded else opt_full
+    opt_rank = opt_full // g if sharded else opt_full // (cfg.hsdp_shard * req.tp) if cfg.hsdp_shard else \
+        opt_full // req.tp
     ckpt_bytes = model_file + opt_full
     spot: SpotPlan | None = None
     ckpt_minutes = req.checkpoint_every_minutes
@@ -231,12 +261,12 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                               activation_checkpointing=req.activation_checkpointing,
                               loss_chunk_tokens=req.loss_chunk_tokens, compile=req.compile,
                               residual_dtype="bf16" if residual_bytes(req.precision) == 2 else "fp32",
-                              ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8),
+                              ac_every=req.ac_every, ac_policy=req.ac_policy, fp8=req.fp8,
+                              **_parallel_fields(req, cfg)),
         memory=MemoryPlan(per_gpu_bytes=mem.total, capacity_bytes=int(hw.profile.usable_bytes * (1 - req.headroom)),
                           usable_bytes=hw.profile.usable_bytes, headroom=req.headroom, fits=fit,
                           peak_phase=mem.peak_phase, breakdown=mem.breakdown, overhead=mem.overhead,
-                          phases=mem.phases,
-                          verdict=verdict_for(mem.allocated_peak, allocator_hardware(hw, req.trainer), req.headroom).verdict),
+                          phases=mem.phases, verdict=verdict.verdict),
         throughput=ThroughputPlan(mfu=tp.mfu, effective_mfu=min(1.0, eff_mfu), peak_flops_per_gpu=tp.peak_flops_per_gpu,
                                   tokens_per_sec=tp.tokens_per_sec, step_seconds=tp.step_seconds,
                                   compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,
@@ -253,6 +283,14 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
         spot=spot,
         warnings=_warnings(req, hw, mem, fit, sched, N, limited) + (spot_warnings(req, spot) if spot else []),
     )
+
+
+def _parallel_fields(req: PlanRequest, cfg: StepConfig) -> dict[str, object]:
+    """TrainingPlan's tensor-parallel and HSDP fields (planner/parallelism.py); their defaults when neither is used."""
+    if req.tp == 1 and req.strategy != "hsdp":
+        return {}
+    return {"tp": req.tp, "sequence_parallel": req.sequence_parallel, "data_parallel": cfg.dp,
+            "hsdp_shard": cfg.hsdp_shard or None}
 
 
 def _model_plan(req: PlanRequest) -> ModelPlan:

@@ -12,6 +12,7 @@ search). It returns the plan and a few sentences, with numbers, that say why.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from planner.build import build_plan, hardware_of, memory_of, step_config
@@ -19,12 +20,19 @@ from planner.candidates import Candidate, SearchResult
 from planner.explain import min_memory, why_settings, zero1_sentence
 from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
+from planner.precision_choice import CITE
 from planner.profiles import Hardware
 from planner.ranking import SETTINGS_TOL, zero1_first
 from planner.selection import length_from, request_for, search, settings_from
 from planner.spec import ModelSpec
 from planner.throughput import estimate_throughput
 from planner.units import fmt_bytes, fmt_count
+
+
+def comfortable(plan: Plan) -> bool:
+    """The verdict "fits" (margin included): what the planner's own choices keep. A tight plan is not refused
+    (plan.memory.fits), but the planner does not choose one while a setting that fits exists."""
+    return plan.memory.verdict == "fits" if plan.memory.verdict is not None else plan.memory.fits
 
 
 def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac: bool | None,
@@ -37,15 +45,17 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
     """
     pinned = {k: v for k, v in (("strategy", strategy), ("activation_checkpointing", ac)) if v is not None}
     plan = build_plan(PlanRequest.model_validate({**base, **pinned, "model": spec}), plan_path=plan_path)
-    if strategy is None and base.get("device_batch_size") is None and plan.memory.fits:
+    if plan.request.tp > 1 or plan.request.strategy == "hsdp":   # planned as asked: the search runs the runner's
+        return plan, [], None                                     # strategies only (planner/parallelism.py)
+    if strategy is None and base.get("device_batch_size") is None and comfortable(plan):
         faster = fastest_setting(spec, base, plan, ac, plan_path)
         if faster is not None:
             return faster
-    if strategy is None and plan.memory.fits:
+    if strategy is None and comfortable(plan):
         sharded = zero1_default(spec, {**base, **pinned}, plan_path)
         if sharded is not None:
             return sharded[0], [sharded[1]], None
-    if plan.memory.fits or (strategy is not None and ac is not None):
+    if comfortable(plan) or (strategy is not None and ac is not None):
         return plan, [], None
     hw = hardware_of(plan.request)
     result = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
@@ -54,8 +64,12 @@ def fit_model(spec: ModelSpec, base: dict[str, Any], *, strategy: str | None, ac
                     device_batch=base.get("device_batch_size"))
     for c in result.ranked[:20]:
         chosen = build_plan(request_for(c, {k: v for k, v in base.items() if k != "model"}), plan_path=plan_path)
-        if chosen.memory.fits:
+        if comfortable(chosen):
             return chosen, explain_fit(result, c, plan), result
+    if plan.memory.fits:     # tight, and nothing open fits with the margin: kept, with its warning
+        return plan, [f"{spec.name} is tight with {plan.training.strategy} at micro-batch "
+                      f"{plan.training.device_batch_size}, and no setting left open fits with the margin: "
+                      "kept, with the warning below."], result
     return plan, nothing_fits_with(spec, base, hw, plan, strategy, ac), result
 
 
@@ -73,7 +87,7 @@ def fastest_setting(spec: ModelSpec, base: dict[str, Any], simple: Plan, ac: boo
     setting = {"strategy": best.strategy, "activation_checkpointing": best.activation_checkpointing,
                "device_batch_size": best.device_batch}     # the user's length stands (no search cap)
     chosen = build_plan(PlanRequest.model_validate({**base, **setting, "model": spec}), plan_path=plan_path)
-    if not chosen.memory.fits or chosen.throughput.step_seconds >= simple.throughput.step_seconds:
+    if not comfortable(chosen) or chosen.throughput.step_seconds >= simple.throughput.step_seconds:
         return None
     return chosen, why_settings(result, best), result
 
@@ -86,7 +100,7 @@ def zero1_default(spec: ModelSpec, base: dict[str, Any], plan_path: str) -> tupl
     if not zero1_first(hw):
         return None
     plan = build_plan(req, plan_path=plan_path)
-    if not plan.memory.fits:
+    if not comfortable(plan):
         return None
     ddp_req = req.model_copy(update={"strategy": "ddp"})
     cfg = step_config(ddp_req, plan.training.device_batch_size, hw.num_gpus)
@@ -115,11 +129,26 @@ def nothing_fits_with(spec: ModelSpec, base: dict[str, Any], hw: Hardware, simpl
     free = search([spec], hw, length_from(base), settings_from(base), objective="throughput",
                   device_batch=base.get("device_batch_size"))
     if free.best is None:
-        return [head, "No strategy or checkpointing makes it fit here: use more or bigger GPUs or a smaller model."]
+        return [head, "No strategy or checkpointing makes it fit here: use more or bigger GPUs or a smaller model.",
+                *pure_bf16_fits(spec, base, hw)]
     c = free.best
     drop = " and ".join(x for x in (pinned, "--device-batch-size" if b is not None and c.device_batch != b else "") if x)
     return [head, f"{c.settings_label} at micro-batch {c.device_batch} would fit ({fmt_bytes(c.mem_bytes)} per GPU): "
                   f"drop {drop or 'the pinned settings'} to let nanoplan choose."]
+
+
+def pure_bf16_fits(spec: ModelSpec, base: dict[str, Any], hw: Hardware) -> list[str]:
+    """Under bf16 autocast, when nothing fits: whether pure bf16 would, and why it is not chosen (planner.precision_choice)."""
+    if base.get("precision", "bf16-autocast") != "bf16-autocast":
+        return []
+    pure = search([spec], hw, length_from(base), replace(settings_from(base), precision="bf16"),
+                  objective="throughput", device_batch=base.get("device_batch_size"))
+    if pure.best is None:
+        return []
+    c = pure.best
+    return [f"Pure bf16 (--precision bf16) would fit, {c.settings_label} at micro-batch {c.device_batch} "
+            f"({fmt_bytes(c.mem_bytes)} per GPU), but with no fp32 master weights AdamW's small updates round away "
+            f"({CITE}); nanoplan does not choose it for you."]
 
 
 def explain_fit(result: SearchResult, best: Candidate, simplest: Plan) -> list[str]:

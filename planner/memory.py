@@ -21,6 +21,9 @@ op-level (selective-op), as the all-checkpointed step plus what each block keeps
 peak is inside the top block's backward, just after it re-ran its forward, so a checkpointed top block
 saves nothing then. Checked against the runner's own trace (tests/test_checkpointing_memory.py).
 
+HSDP is walked as fsdp over its shard group, and tensor parallelism divides every moment of the walk by t, plus
+what it leaves whole without sequence parallelism (planner/memory_parallel.py): planned, not run.
+
 Not modelled (the profile's overhead terms; assumptions until measured on a GPU): CUDA
 context, NCCL buffers, cuBLAS and flash-attention workspaces, allocator fragmentation.
 """
@@ -39,6 +42,7 @@ from planner.memory_compiled import step_walk as compiled_walk
 from planner.memory_eager import layer_saved
 from planner.memory_eager import profile as eager_profile
 from planner.memory_eager import step_walk as eager_walk
+from planner.memory_parallel import ACTIVATION_PHASES, data_parallel_view, replicated_bytes, tp_breakdown, tp_peak
 from planner.memory_terms import (
     MemoryEstimate,
     ModelBytes,
@@ -117,7 +121,7 @@ def _full_ckpt(cfg: StepConfig) -> StepConfig:
     return replace(cfg, ac_policy="full", ac_every=1)
 
 
-_SAC_PHASES = ("forward_end", "backward_start", "backward_layers")   # the kept tensors live until their block's backward
+_SAC_PHASES = ACTIVATION_PHASES   # the kept tensors live until their block's backward
 
 
 def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
@@ -127,14 +131,16 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
     compiled_saved (compile on): measured (all saved bytes, one block's) to walk instead of the
     model's own counts; runner.trace uses it for the traced compiled step.
     """
+    cfg = data_parallel_view(cfg)
     kind, extra = _variant(cfg)
+    rep = _replicated(cfg)
     if kind == "plain":
-        phases, best = _walk_all(cfg, compiled_saved)
+        phases, best = _walk_all(cfg, compiled_saved, rep=rep)
     elif kind == "sac":
-        phases, best = _walk_all(_full_ckpt(cfg), compiled_saved, add=extra)
+        phases, best = _walk_all(_full_ckpt(cfg), compiled_saved, add=extra, rep=rep)
     else:
-        phases, best = _walk_all(replace(cfg, activation_checkpointing=False), compiled_saved, add=-extra)
-        full_phases, full_best = _walk_all(_full_ckpt(cfg), compiled_saved)
+        phases, best = _walk_all(replace(cfg, activation_checkpointing=False), compiled_saved, add=-extra, rep=rep)
+        full_phases, full_best = _walk_all(_full_ckpt(cfg), compiled_saved, rep=rep)
         phases = {p: max(v, full_phases.get(p, 0)) for p, v in phases.items()}
         if full_best[0] > best[0]:
             best = full_best
@@ -149,23 +155,32 @@ def estimate(cfg: StepConfig, overheads: dict[str, int] | None = None,
 def phase_breakdowns(cfg: StepConfig) -> dict[str, dict[str, int]]:
     """Each phase's breakdown (BREAKDOWN_KEYS) at that phase's peak, walked exactly as `estimate` walks the step:
     each one adds up to `estimate(cfg).phases[phase]` (what `estimate --plot` draws)."""
+    cfg = data_parallel_view(cfg)
     kind, extra = _variant(cfg)
+    rep = _replicated(cfg)
     by_phase: dict[str, dict[str, int]] = {}
     if kind == "plain":
-        _walk_all(cfg, None, by_phase=by_phase)
+        _walk_all(cfg, None, by_phase=by_phase, rep=rep)
     elif kind == "sac":
-        _walk_all(_full_ckpt(cfg), None, add=extra, by_phase=by_phase)
+        _walk_all(_full_ckpt(cfg), None, add=extra, by_phase=by_phase, rep=rep)
     else:
-        _walk_all(replace(cfg, activation_checkpointing=False), None, add=-extra, by_phase=by_phase)
-        _walk_all(_full_ckpt(cfg), None, by_phase=by_phase)
+        _walk_all(replace(cfg, activation_checkpointing=False), None, add=-extra, by_phase=by_phase, rep=rep)
+        _walk_all(_full_ckpt(cfg), None, by_phase=by_phase, rep=rep)
     return by_phase
 
 
+def _replicated(cfg: StepConfig) -> int:
+    """Activation bytes tensor parallelism without sequence parallelism leaves whole (planner/memory_parallel.py)."""
+    return replicated_bytes(cfg, _model(cfg).D, cfg.device_batch_size * cfg.spec.seq_len) if cfg.tp > 1 else 0
+
+
 def _walk_all(cfg: StepConfig, compiled_saved: tuple[int, int | None] | None, add: int = 0,
-              by_phase: dict[str, dict[str, int]] | None = None) -> tuple[dict[str, int], tuple[int, str, dict[str, int]]]:
+              by_phase: dict[str, dict[str, int]] | None = None,
+              rep: int = 0) -> tuple[dict[str, int], tuple[int, str, dict[str, int]]]:
     """Every scenario's walk: each phase's total and the peak (total, phase, breakdown); `add` bytes of
     activations join the phases in which a block's saved tensors are alive. `by_phase`, when given, keeps
-    each phase's largest breakdown (a larger one already there is kept)."""
+    each phase's largest breakdown (a larger one already there is kept). Under tensor parallelism (cfg.tp) each
+    moment is divided by t, plus `rep` replicated activation bytes while the blocks' saved tensors are alive."""
     spec = cfg.spec
     m = _model(cfg)
     N = cfg.device_batch_size * spec.seq_len
@@ -187,6 +202,8 @@ def _walk_all(cfg: StepConfig, compiled_saved: tuple[int, int | None] | None, ad
                 breakdown["activations"] = max(0, breakdown["activations"] + add)
             if cfg.strategy != "ddp" and dp > 1:
                 breakdown = shard_breakdown(breakdown, cfg.strategy, dp, spec, m.D.w, m.D.mp)
+            if cfg.tp > 1:
+                breakdown = tp_breakdown(breakdown, cfg.tp, rep if phase in _SAC_PHASES else 0)
             total = sum(breakdown.values())
             phases[phase] = max(phases.get(phase, 0), total)
             if by_phase is not None and total > sum(by_phase.get(phase, {}).values(), -1):
@@ -199,30 +216,36 @@ def _walk_all(cfg: StepConfig, compiled_saved: tuple[int, int | None] | None, ad
 def allocated_peak(cfg: StepConfig) -> int:
     """`estimate(cfg).allocated_peak`, fast: per-model profiles are cached, so a search that
     varies micro-batch, strategy and checkpointing pays a few microseconds per candidate."""
+    cfg = data_parallel_view(cfg)
     kind, extra = _variant(cfg)
+    rep = _replicated(cfg)
     if kind == "sac":
-        return _peak(_full_ckpt(cfg), extra)
+        return _peak(_full_ckpt(cfg), extra, rep)
     if kind == "every":
-        return max(_peak(_full_ckpt(cfg)), _peak(replace(cfg, activation_checkpointing=False), -extra))
-    return _peak(cfg)
+        return max(_peak(_full_ckpt(cfg), 0, rep), _peak(replace(cfg, activation_checkpointing=False), -extra, rep))
+    return _peak(cfg, 0, rep)
 
 
-def _peak(cfg: StepConfig, add: int = 0) -> int:
+def _peak(cfg: StepConfig, add: int = 0, rep: int = 0) -> int:
     spec = cfg.spec
     m = _model(cfg)
     N = cfg.device_batch_size * spec.seq_len
     chunk, n_chunks = _chunking(cfg)
     shard = grad_shard(cfg)
-    best = 0
+    best_act = best_other = 0       # the peak while the blocks' saved tensors are alive, and at the other moments
     for base_grads, mode in _scenarios(cfg, m.params):
         profile = (compiled_profile(m, cfg.activation_checkpointing, chunk, n_chunks == 2, mode, base_grads // shard, shard)
                    if cfg.compile else
                    eager_profile(spec, cfg.precision, cfg.optimizer, cfg.activation_checkpointing, chunk,
                                  n_chunks == 2, mode, base_grads // shard, shard, m.D.mp))
         for phase, lines in profile:
-            plus = add if phase in _SAC_PHASES else 0
+            act = phase in _SAC_PHASES
+            plus = add if act else 0
             for a0, b0 in lines:
                 v = a0 + b0 * N + plus
-                if v > best:
-                    best = v
-    return best - state_cut(m, cfg.strategy, max(1, cfg.dp), m.D.w, spec, m.D.mp)
+                if act and v > best_act:
+                    best_act = v
+                elif not act and v > best_other:
+                    best_other = v
+    cut = state_cut(m, cfg.strategy, max(1, cfg.dp), m.D.w, spec, m.D.mp)
+    return tp_peak(best_act - cut, best_other - cut, cfg.tp, rep)

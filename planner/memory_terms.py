@@ -24,10 +24,10 @@ from planner.spec import ModelSpec
 
 Precision = Literal["bf16-autocast", "bf16", "fp32"]
 Optimizer = Literal["adamw", "muon"]
-Strategy = Literal["ddp", "zero1", "zero2", "fsdp"]
+Strategy = Literal["ddp", "zero1", "zero2", "fsdp", "hsdp"]   # hsdp: planned, not run (planner/memory_parallel.py)
 AcPolicy = Literal["full", "selective-op"]
 ReduceDtype = Literal["fp32", "bf16"]
-STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "fsdp")
+STRATEGIES: tuple[Strategy, ...] = ("ddp", "zero1", "zero2", "fsdp")    # what the runner runs, and the search tries
 
 F32 = 4          # fp32 bytes: losses, rstd/mean statistics, autocast's fp32 ops
 I64 = 8          # token ids
@@ -54,6 +54,15 @@ class StepConfig:
     ac_every: int = 1           # checkpoint every k-th block (1: every block; torchtitan's selective "layer" is 2)
     fp8: bool = False           # FP8 matmuls in the blocks' linears (torchao Float8Linear); modelled, not run
     reduce_dtype: ReduceDtype | None = None   # dtype gradients are reduced in; None: the weight dtype (the runner)
+    # q, k, v (and SwiGLU's gate and up) as separate linears, as torchtitan's Llama block has them; the runner fuses
+    # them. Only which matmuls op-level checkpointing recomputes depends on it (planner.checkpointing).
+    separate_projections: bool = False
+    # tensor parallelism (Megatron-style, planner/memory_parallel.py): the degree t, and whether the sequence-parallel
+    # variant shards the norms' and residual's activations too. dp is then the data-parallel degree, GPUs / t.
+    tp: int = 1
+    sequence_parallel: bool = True
+    # hsdp: the shard group (FSDP within it), the other dp / hsdp_shard groups replicate; 0 for other strategies
+    hsdp_shard: int = 0
 
 
 @dataclass

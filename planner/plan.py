@@ -139,6 +139,10 @@ class PlanRequest(_Strict):
     hyper: Hyper = Hyper()
     trainer: TrainerRef = DEFAULT_TRAINER   # absent in plans written before trainers (nanoplan's runner)
     spot: SpotRequest | None = None
+    # tensor parallelism (planner/parallelism.py): its degree, and the sequence-parallel variant; absent in plans
+    # written before them (1, on), and left out of the plan's hash at those values (_LATER_DEFAULTS)
+    tp: int = Field(default=1, ge=1, le=1024)
+    sequence_parallel: bool = True
 
     @model_validator(mode="after")
     def _one_length(self) -> PlanRequest:
@@ -186,6 +190,11 @@ class TrainingPlan(_Strict):
     ac_every: int = 1                  # absent in plans written before issue 25: every block, full, no FP8
     ac_policy: AcPolicy = "full"
     fp8: bool = False
+    # absent in plans written before issue 29: no tensor parallelism, no HSDP (planner/parallelism.py)
+    tp: int = 1
+    sequence_parallel: bool = True
+    data_parallel: int | None = None   # with tp or hsdp: data-parallel ranks (GPUs / tp)
+    hsdp_shard: int | None = None      # hsdp: the GPUs a shard group spans (one node's / tp); dp / it replicas
 
 
 class MemoryPlan(_Strict):
@@ -193,7 +202,7 @@ class MemoryPlan(_Strict):
     capacity_bytes: int = Field(gt=0)
     usable_bytes: int = Field(gt=0)
     headroom: float = Field(ge=0, lt=1, **Finite)
-    fits: bool                      # the allocated peak plus fragmentation within capacity (verdict "fits")
+    fits: bool                      # not refused: the verdict is "fits" or "tight" (false only for "does not fit")
     peak_phase: str
     breakdown: dict[str, NonNegInt]
     overhead: dict[str, NonNegInt]
@@ -373,7 +382,12 @@ def trained_fields(doc: dict[str, Any]) -> dict[str, Any]:
 # Fields added after plans were first written (spot GPUs): left out of a plan's identity while unset, so that a
 # plan.json written before them hashes as it did (its checkpoints still resume).
 _LATER_FIELDS = (("spot",), ("request", "spot"), ("request", "profile", "storage_gb_s"),
-                 ("request", "profile", "prices", "*", "spot"), ("request", "trainer", "window_pattern"))
+                 ("request", "profile", "prices", "*", "spot"), ("request", "trainer", "window_pattern"),
+                 ("training", "data_parallel"), ("training", "hsdp_shard"))
+# Fields added later with a default that is not None (issue 29: tensor parallelism): left out at that default.
+_LATER_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
+    (("request", "tp"), 1), (("request", "sequence_parallel"), True),
+    (("training", "tp"), 1), (("training", "sequence_parallel"), True))
 
 
 def _without_unset(doc: dict[str, Any]) -> dict[str, Any]:
@@ -391,6 +405,12 @@ def _without_unset(doc: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(doc))
     for path in _LATER_FIELDS:
         drop(out, path)
+    for path, default in _LATER_DEFAULTS:
+        parent = out
+        for key in path[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None
+        if isinstance(parent, dict) and path[-1] in parent and parent[path[-1]] == default:
+            del parent[path[-1]]
     return out
 
 

@@ -20,6 +20,7 @@ from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
+from planner.precision_choice import pure_bf16_sentence
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.ranking import OBJECTIVES, SETTINGS_TOL, choose, epoch_cap_steps, prefer_simpler, zero1_first
 from planner.spec import ModelSpec
@@ -90,6 +91,9 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
     """`nanoplan estimate` with no model: search, print runners-up and reasons, return the plan."""
     if top < 0:
         raise PlanError("--top", f"must be >= 0, got {top}")
+    if base.get("tp", 1) > 1 or base.get("strategy") == "hsdp":     # planner/parallelism.py: planned, not searched
+        raise PlanError("--tp" if base.get("tp", 1) > 1 else "--strategy", "tensor parallelism and hsdp are planned "
+                        "for a given model, not searched", "give the model: --depth, --preset or its dims")
     hw = parse_gpu_spec(base["gpu"], profile=base["profile"], provider=base.get("provider"), price=base.get("price"))
     models = depth_ladder(style or "nanochat", seq_len=seq_len or 2048, vocab_size=vocab_size)
     result = search(models, hw, length_from(base), settings_from(base), objective=objective,
@@ -104,6 +108,7 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
 
         print_table(console, runners_up_table(result, top, None if wide else console.width))
         if explain:
-            console.print(Panel("\n".join(f"• {x}" for x in why(result)), title=f"Why {plan.model.name}",
+            reasons = why(result) + [x for x in (pure_bf16_sentence(result),) if x]   # planner.precision_choice
+            console.print(Panel("\n".join(f"• {x}" for x in reasons), title=f"Why {plan.model.name}",
                                 title_align="left"))
     return plan

@@ -44,9 +44,9 @@ The fitted constants are in planner/speed_constants.py; planner/calibrate.py inv
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token
+from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token, recompute_policy
 from planner.compute_model import ComputeTerms, StepVariant, compute_terms, hbm_rate, matmul_rate
 from planner.counts import flops_per_token, matrix_params, n_params
 from planner.memory_terms import StepConfig, precision_bytes
@@ -144,6 +144,65 @@ def _gathered_bytes(precision: str, gpu: bool, fp8: bool = False) -> int:
     if gpu and fp8:
         return 1
     return 2 if (gpu and precision == "bf16-autocast") else precision_bytes(precision)[0]  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------ HSDP and tensor parallelism (planned, not run)
+
+
+def dp_comm(cfg: StepConfig, gpu: bool = True) -> CommModel:
+    """The data-parallel traffic under tensor parallelism: `comm_model` over the cfg.dp data-parallel ranks
+    (GPUs / tp), each rank holding 1/tp of every parameter, so every byte ÷ tp."""
+    t = max(1, cfg.tp)
+    cm = comm_model(cfg, cfg.dp, gpu)
+    return CommModel(step_bytes=cm.step_bytes / t, micro_bytes=cm.micro_bytes / t, exposed_bytes=cm.exposed_bytes / t)
+
+
+def hsdp_comm(cfg: StepConfig, hw: Hardware, gpu: bool = True, k: SpeedConstants = DEFAULT) -> tuple[CommModel, float]:
+    """HSDP's traffic per GPU and the rate it is counted at (planner/memory_parallel.py has the layout).
+
+    Within a shard group of s = cfg.hsdp_shard GPUs (one node's, ÷ tp; NVLink): fsdp's all-gathers and
+    reduce-scatter on every micro-step, (s−1)/s of the 1/tp parameter share. Across the R = dp / s replicas: an
+    all-reduce of the reduce-scattered gradient shard, 2·(R−1)/R of P/(tp·s) elements in the reduce dtype, on
+    every micro-step too (FSDP2 all-reduces on each backward unless `set_requires_all_reduce(False)`, which
+    torchtitan 0.3.0 does not call), over each GPU's own NIC (`inter_node_gb_s` is per GPU). The network bytes are
+    returned scaled to the NVLink rate, so fsdp's overlap model applies to the sum unchanged."""
+    prof = hw.profile
+    t, s = max(1, cfg.tp), max(1, cfg.hsdp_shard)
+    replicas = max(1, cfg.dp // s)
+    intra = comm_model(replace(cfg, strategy="fsdp"), s, gpu).micro_bytes / t
+    inter = 2.0 * (replicas - 1) / replicas * n_params(cfg.spec) / (t * s) * reduce_bytes(cfg)
+    rate = prof.intra_node_gb_s * 1e9 * k.link_efficiency
+    network = prof.inter_node_gb_s * 1e9 * k.link_efficiency
+    return CommModel(micro_bytes=intra + (inter * rate / network if inter else 0.0)), rate
+
+
+TP_COLLECTIVES_PER_BLOCK = 4      # Korthikanti et al. 2022 §4.2.2: four all-reduces per layer in forward + backward
+TP_COLLECTIVES_PER_RECOMPUTE = 2  # a re-run forward repeats its two (the attention and MLP outputs)
+TP_COLLECTIVES_OUTSIDE = 2        # the embedding's output and the head's input (vocab-parallel, torchtitan's plan)
+
+
+def tensor_parallel_bytes(spec: ModelSpec, micro_tokens: int, t: int, act_bytes: int, n_recomputed: int) -> float:
+    """Bytes one GPU moves per micro-step for Megatron tensor parallelism of degree t.
+
+    Each block's forward all-reduces the outputs of its row-parallel attention and MLP projections and the backward
+    the gradients of its column-parallel inputs: four all-reduces of a (tokens × d) activation per block
+    (Korthikanti et al. 2022, arXiv 2205.05198, §4.2.2; with sequence parallelism each is an all-gather plus a
+    reduce-scatter, the same bytes). A ring all-reduce moves 2·(t−1)/t of the tensor through each GPU."""
+    if t <= 1:
+        return 0.0
+    n = TP_COLLECTIVES_PER_BLOCK * spec.n_layer + TP_COLLECTIVES_PER_RECOMPUTE * n_recomputed + TP_COLLECTIVES_OUTSIDE
+    return n * 2.0 * (t - 1) / t * micro_tokens * spec.d_model * act_bytes
+
+
+def tensor_parallel_seconds(spec: ModelSpec, hw: Hardware, micro_tokens: int, grad_accum: int, t: int,
+                            act_bytes: int, n_recomputed: int, k: SpeedConstants = DEFAULT) -> float:
+    """Exposed seconds of tensor-parallel traffic per step: every micro-step's collectives over NVLink (tp stays in a
+    node), none hidden: each waits for the matmul before it and the next matmul waits for it (torchtitan's
+    async tensor parallelism, which overlaps them, is off by default: enable_async_tensor_parallel = False)."""
+    if t <= 1:
+        return 0.0
+    rate = hw.profile.intra_node_gb_s * 1e9 * k.link_efficiency
+    return grad_accum * tensor_parallel_bytes(spec, micro_tokens, t, act_bytes, n_recomputed) / rate
 
 
 def exposed_seconds(cm: CommModel, bytes_per_s: float, compute: float, grad_accum: int,
@@ -318,7 +377,8 @@ class StepModel:
     def __init__(self, spec: ModelSpec, hw: Hardware, *, precision: str, optimizer: str, strategy: str,
                  compiled: bool, loss_chunk_tokens: int, tokens_per_step: int, mfu: float | None = None,
                  fp8: bool = False, reduce_dtype: str | None = None, ac_every: int = 1, ac_policy: str = "full",
-                 k: SpeedConstants = DEFAULT, variant: StepVariant | None = None) -> None:
+                 k: SpeedConstants = DEFAULT, variant: StepVariant | None = None, tp: int = 1,
+                 hsdp_shard: int = 0) -> None:
         prof = hw.profile
         self.spec, self.hw, self.k = spec, hw, k
         self.variant = variant          # another trainer's step (compute_model.StepVariant); None: the runner's
@@ -331,6 +391,7 @@ class StepModel:
         self.peak = peak_for(prof, precision, self.fp8)
         self.flat = flat_mfu(prof, n_params(spec), mfu)
         self._terms: dict[bool, ComputeTerms] = {}
+        self.tp, self.optimizer = max(1, tp), optimizer
         self.costs = step_costs(spec, precision, optimizer, strategy, self.g, hbm_bytes_per_s(hw), self.gpu)
         # the chunked loss's head recompute runs at the matmul rate (the flat rule: MFU × peak)
         self.mm_rate = self.flat * self.peak if self.flat is not None else matmul_rate(prof, precision, False, k)
@@ -338,6 +399,30 @@ class StepModel:
                          strategy=strategy, fp8=self.fp8, reduce_dtype=reduce_dtype)  # type: ignore[arg-type]
         self.cm = comm_model(cfg, self.g, gpu=self.gpu)
         self.bw = link_bytes_per_s(hw, k) if self.g > 1 else 0.0
+        if self.tp > 1 or strategy == "hsdp":     # planned, not run: per-GPU shares and the hybrid traffic
+            self._hybrid(replace(cfg, dp=self.g // self.tp, tp=self.tp, hsdp_shard=hsdp_shard), hbm_bytes_per_s(hw))
+
+    def _hybrid(self, cfg: StepConfig, hbm: float) -> None:
+        """Costs and traffic of HSDP / tensor parallelism: the optimizer and micro-step costs of the data-parallel
+        layout (hsdp: fsdp over its shard group) on 1/tp of the parameters; dp_comm or hsdp_comm."""
+        shard = cfg.hsdp_shard if cfg.strategy == "hsdp" else cfg.dp
+        c = step_costs(self.spec, self.precision, self.optimizer, "fsdp" if cfg.strategy == "hsdp" else cfg.strategy,
+                       shard, hbm, self.gpu)
+        t = self.tp
+        self.costs = replace(c, optimizer_flops=c.optimizer_flops / t, optimizer_fixed=c.optimizer_fixed / t,
+                             accum_seconds=c.accum_seconds / t, micro_seconds=c.micro_seconds / t)
+        if cfg.strategy == "hsdp":
+            self.cm, self.bw = hsdp_comm(cfg, self.hw, self.gpu, self.k)
+        else:
+            self.cm = dp_comm(cfg, self.gpu)
+
+    def tp_seconds(self, b: int, accum: int, ac: bool) -> float:
+        """Exposed tensor-parallel traffic of the step (tensor_parallel_seconds)."""
+        if self.tp <= 1:
+            return 0.0
+        return tensor_parallel_seconds(self.spec, self.hw, b * self.spec.seq_len, accum, self.tp,
+                                       precision_bytes(self.precision)[1],  # type: ignore[arg-type]
+                                       checkpointed_blocks(self.spec.n_layer, ac, self.ac_every), self.k)
 
     def terms(self, ac: bool) -> ComputeTerms:
         t = self._terms.get(ac)
@@ -386,7 +471,7 @@ class StepModel:
                                    checkpointed_blocks(self.spec.n_layer, ac, self.ac_every))
         if self.g > 1:
             step += exposed_seconds(self.cm, self.bw, compute, accum, self.k.overlap)
-        return step
+        return step + self.tp_seconds(b, accum, ac)
 
 
 def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
@@ -395,18 +480,19 @@ def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
     spec = cfg.spec
     g = hw.num_gpus
     micro_tokens = cfg.device_batch_size * spec.seq_len
-    tokens = micro_tokens * g * cfg.grad_accum_steps
+    tokens = micro_tokens * (g // max(1, cfg.tp)) * cfg.grad_accum_steps     # a tensor-parallel group shares a micro-batch
     sm = StepModel(spec, hw, precision=cfg.precision, optimizer=cfg.optimizer, strategy=cfg.strategy,
                    compiled=cfg.compile, loss_chunk_tokens=cfg.loss_chunk_tokens, tokens_per_step=tokens, mfu=mfu,
-                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=cfg.ac_policy, k=k,
-                   variant=variant)
+                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=recompute_policy(cfg), k=k,
+                   variant=variant, tp=cfg.tp, hsdp_shard=cfg.hsdp_shard)
     compute, loss_s, t = sm.compute_seconds(cfg.device_batch_size, cfg.activation_checkpointing)
     step = sm.seconds(cfg.device_batch_size, cfg.grad_accum_steps, cfg.activation_checkpointing)
     micro = micro_step_seconds(sm.costs, cfg.grad_accum_steps, micro_tokens, cfg.loss_chunk_tokens,
                                cfg.activation_checkpointing, cfg.compile,
                                checkpointed_blocks(spec.n_layer, cfg.activation_checkpointing, cfg.ac_every))
-    comm = sm.cm.total(cfg.grad_accum_steps) / sm.bw if g > 1 else 0.0
-    exposed = exposed_seconds(sm.cm, sm.bw, compute, cfg.grad_accum_steps, k.overlap) if g > 1 else 0.0
+    tp_s = sm.tp_seconds(cfg.device_batch_size, cfg.grad_accum_steps, cfg.activation_checkpointing)
+    comm = (sm.cm.total(cfg.grad_accum_steps) / sm.bw if g > 1 else 0.0) + tp_s
+    exposed = (exposed_seconds(sm.cm, sm.bw, compute, cfg.grad_accum_steps, k.overlap) if g > 1 else 0.0) + tp_s
     eff = sm.effective_mfu(cfg.device_batch_size, cfg.activation_checkpointing, compute)   # what calibrate scales
     opt_mm = sm.optimizer_matmul_seconds(cfg.device_batch_size, cfg.activation_checkpointing, compute)
     scale = tokens / g if sm.flat is None else 0.0

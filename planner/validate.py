@@ -7,10 +7,10 @@ Used by `nanoplan validate` (and CI). Pure Python: a trace of the real step is p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
-from planner.build import hardware_of, memory_of, rederive, step_config
+from planner.build import hardware_of, memory_of, rederive, step_config, verdict_of
 from planner.errors import PlanError
 from planner.fit_verdict import DEFAULT_HEADROOM
 from planner.memory_terms import StepConfig
@@ -47,12 +47,14 @@ class PlanCheck:
     per_gpu_bytes: int                 # + fixed overheads and fragmentation: what must fit
     capacity_bytes: int                # usable × (1 − headroom)
     headroom: float
+    verdict: str = "fits"              # fits / tight / does not fit (planner.fit_verdict); fits is false only for the last
     traced_peak_bytes: int | None = None
     traced_per_gpu_bytes: int | None = None
     trace_error: float | None = None   # analytic / traced − 1
     trace_note: str = ""
     trace_seconds: float | None = None
     problems: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)   # tight: printed, not a failure
 
     @property
     def ok(self) -> bool:
@@ -100,20 +102,28 @@ def check_plan(plan: Plan, path: str, *, headroom: float = DEFAULT_HEADROOM, tra
     cfg = plan_step_config(fresh)
     mem = memory_of(cfg, hw, fresh.request.trainer)
     capacity = int(hw.profile.usable_bytes * (1.0 - headroom))
-    fits = mem.total <= capacity
-    if not fits:
-        problems.append(f"does not fit: {fmt_bytes(mem.total)} per GPU > {fmt_bytes(capacity)} "
-                        f"({hw.profile.name}, {headroom:.0%} headroom)")
-    check = PlanCheck(path=path, name=fresh.model.name, gpu=fresh.hardware.spec, fits=fits, consistent=consistent,
+    v = verdict_of(fresh.request, mem, hw, headroom)
+    warnings = [v.warning()] if v.verdict == "tight" else []
+    if not v.runs:
+        problems.append(f"does not fit: {v.reason} ({hw.profile.name}, {headroom:.0%} headroom); {v.advice}")
+    check = PlanCheck(path=path, name=fresh.model.name, gpu=fresh.hardware.spec, fits=v.runs, consistent=consistent,
                       analytic_peak_bytes=mem.allocated_peak, per_gpu_bytes=mem.total, capacity_bytes=capacity,
-                      headroom=headroom, problems=problems)
+                      headroom=headroom, verdict=v.verdict, problems=problems, warnings=warnings)
     if tracer is not None and trainer_for(fresh.request.trainer) is not None:
         check.trace_note = (f"not traced: --trace runs nanoplan's runner step, and this plan models "
                             f"{fresh.request.trainer.name}'s")
     elif tracer is not None:
-        fixed = sum(v for k, v in mem.overhead.items() if k != "fragmentation")
+        fixed = sum(x for k, x in mem.overhead.items() if k != "fragmentation")
         frag = hw.profile.overheads.fragmentation if "fragmentation" in mem.overhead else 0.0
-        _add_trace(check, tracer(cfg), fixed, frag)
+        t = tracer(cfg)
+        _add_trace(check, t, fixed, frag)
+        traced = verdict_of(fresh.request, replace(mem, allocated_peak=t.peak_bytes), hw, headroom)
+        if not traced.runs:
+            check.fits = False
+            check.verdict = traced.verdict
+            check.problems.append(f"does not fit per the trace: {traced.reason}")
+        elif traced.verdict == "tight" and check.verdict == "fits":
+            check.warnings.append(f"tight per the trace: {traced.reason}; {traced.advice}")
     return check
 
 
@@ -132,7 +142,7 @@ def trainer_problems(plan: Plan, num_gpus: int, nodes: int, gpu_kind: str) -> li
 
 
 def _add_trace(check: PlanCheck, t: Traced, fixed: int, frag: float) -> None:
-    """Compare with the traced step; check the traced total (plus the same overheads) fits."""
+    """Compare with the traced step (check_plan then gives the traced peak its own verdict)."""
     check.traced_peak_bytes = t.peak_bytes
     check.trace_seconds = round(t.seconds, 2)
     check.trace_note = t.note
@@ -141,10 +151,6 @@ def _add_trace(check: PlanCheck, t: Traced, fixed: int, frag: float) -> None:
     if abs(check.trace_error) > TRACE_TOLERANCE:
         check.problems.append(f"memory model off by {check.trace_error:+.1%} against the traced step "
                               f"({fmt_bytes(check.analytic_peak_bytes)} analytic vs {fmt_bytes(t.peak_bytes)} traced)")
-    if check.traced_per_gpu_bytes > check.capacity_bytes:
-        check.fits = False
-        check.problems.append(f"does not fit per the trace: {fmt_bytes(check.traced_per_gpu_bytes)} per GPU > "
-                              f"{fmt_bytes(check.capacity_bytes)}")
 
 
 def validate_paths(paths: list[str], *, headroom: float = DEFAULT_HEADROOM, tracer: Tracer | None = None) -> list[PlanCheck]:
@@ -156,7 +162,7 @@ def validate_paths(paths: list[str], *, headroom: float = DEFAULT_HEADROOM, trac
 
 
 def exit_code(checks: list[PlanCheck]) -> int:
-    """0 when every plan fits and is consistent, else 1."""
+    """0 when every plan fits or is tight (a warning) and is consistent; 1 when one does not fit or is inconsistent."""
     return 0 if all(c.ok for c in checks) else 1
 
 

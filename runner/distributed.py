@@ -73,6 +73,10 @@ def broadcast(obj: Any, d: Dist) -> Any:
 
 
 def grad_accum_for(plan: Plan, world: int, force: bool) -> int:
+    from planner.parallelism import RUNNER_HINT, runner_problem  # noqa: PLC0415
+
+    if (no_run := runner_problem(plan.request)) is not None:     # hsdp or tensor parallelism: planned, not run
+        raise PlanError("--plan", no_run, RUNNER_HINT)
     tr = plan.training
     if world == plan.hardware.num_gpus:
         return tr.grad_accum_steps

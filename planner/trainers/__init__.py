@@ -14,7 +14,7 @@ a `Trainer` here says, with a source for each part, what that trainer's step doe
 - its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py;
 - its own recipe where it differs from the runner's: a default total batch (`default_total_batch`), where its
   step computes differently (`step_variant`: sliding windows, an FP8 head), how it names a strategy
-  (`strategy_label`), and whether its launch sets expandable_segments (`allocator_hardware` for the fit verdict).
+  (`strategy_label`), and where its launch sets expandable_segments (`allocator_sets`: the fit verdict's advice).
 
 planner/build.py calls `trainer_for(ref)` for memory, model counts, speed, the fit verdict and the launch; this
 package never imports planner.build, so there is no cycle. Per-trainer modules: nanochat.py,
@@ -28,13 +28,14 @@ from typing import TYPE_CHECKING, Any
 
 from planner.counts import flops_per_token, matmul_params, n_params, param_counts
 from planner.errors import PlanError
+from planner.fit_verdict import Allocator
 from planner.memory_terms import MemoryEstimate, StepConfig
 from planner.plan import PlanRequest, TrainerRef
 from planner.spec import ModelSpec
 
 if TYPE_CHECKING:
     from planner.compute_model import StepVariant
-    from planner.profiles import Hardware, HardwareProfile
+    from planner.profiles import HardwareProfile
 
 TRAINERS = ("nanoplan", "nanochat", "torchtitan", "deepspeed")
 
@@ -67,9 +68,16 @@ class Trainer:
     repo = ""
     versions: tuple[Version, ...] = ()
     default_version = ""
-    # the launch sets PYTORCH_ALLOC_CONF=expandable_segments:True (segments grow in place): no fragmentation
-    # allowance in its memory nor in its fit verdict (planner.fit_verdict's advice for "tight" is that setting)
-    expandable_segments = False
+    # where the trainer turns on the CUDA allocator's expandable segments itself ("": it does not); planner.fit_verdict
+    allocator_sets = ""
+    # q, k, v (and SwiGLU's gate and up) as separate linears: which matmuls op-level checkpointing recomputes
+    separate_projections = False
+    # runs hsdp and tensor parallelism (planner/parallelism.py); the others are refused
+    hybrid_parallel = False
+
+    @property
+    def allocator(self) -> Allocator:
+        return Allocator(self.name, self.allocator_sets)
 
     # ---------------------------------------------------------------- versions
 
@@ -146,17 +154,6 @@ def trainer_for(ref: TrainerRef | None) -> Trainer | None:
     return DEEPSPEED
 
 
-def allocator_hardware(hw: Hardware, ref: TrainerRef | None) -> Hardware:
-    """`hw` as the fit verdict should see it for this trainer: without the fragmentation allowance where the
-    trainer's launch sets expandable_segments (nanochat's base_train.py itself; torchtitan's run_train.sh and the
-    exported train.sh)."""
-    tr = trainer_for(ref)
-    if tr is None or not tr.expandable_segments or hw.profile.kind != "gpu":
-        return hw
-    over = hw.profile.overheads.model_copy(update={"fragmentation": 0.0})
-    return hw.model_copy(update={"profile": hw.profile.model_copy(update={"overheads": over})})
-
-
 def strategy_label(ref: TrainerRef | None, strategy: str) -> str:
     """The plan's strategy in its trainer's words (DeepSpeed's ZeRO-3 for nanoplan's fsdp)."""
     tr = trainer_for(ref)
@@ -178,5 +175,5 @@ def refuse_first(problems: list[tuple[str, str, str]], trainer: str, version: st
         raise PlanError(field, f"{trainer} {version} cannot express this: {why}", fix)
 
 
-__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "allocator_hardware", "default_total_batch", "refuse_first",
+__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "default_total_batch", "refuse_first",
            "strategy_label", "trainer_for", "with_overheads"]

@@ -70,6 +70,7 @@ class DeepSpeed(Trainer):
     repo = "deepspeedai/DeepSpeed"
     versions = VERSIONS
     default_version = "0.19"
+    allocator_sets = ""     # deepspeed 0.19.8 sets no PYTORCH_CUDA_ALLOC_CONF (it is only mentioned, in ulysses_sp.py's docstring)
 
     def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
         out: list[tuple[str, str, str]] = []

@@ -13,7 +13,7 @@ Versions (each a commit of karpathy/nanochat; `--trainer-version KEY`):
   of 64. Its recipe, as base_train.py sets it by itself: the total batch from the depth (`auto_total_batch`; the
   export leaves `--total-batch-size` out when the plan's batch is that one), `--fp8` on H100 or newer (`fp8_bytes`,
   `step_variant`), the window pattern the attention kernel supports (`window_pattern_for`: SSSL under Flash
-  Attention 3 on Hopper, L under SDPA elsewhere), and expandable_segments (no fragmentation allowance).
+  Attention 3 on Hopper, L under SDPA elsewhere), and expandable_segments (`allocator_sets`: the fit verdict's advice).
 
 What the step does, and where it says so (paths at the version's commit):
 - model: d_model = 64·depth (2026-07: rounded up to a multiple of head_dim 128), head_dim 128,
@@ -164,7 +164,9 @@ class Nanochat(Trainer):
     repo = REPO
     versions = VERSIONS
     default_version = CURRENT
-    expandable_segments = True
+    # os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True" before importing torch (PYTORCH_ALLOC_CONF
+    # from 50413d2 on): scripts/base_train.py line 12 at 3a5e0bc, line 15 at c6abcdf and 92d63d4
+    allocator_sets = "scripts/base_train.py, before importing torch"
 
     # ---------------------------------------------------------------- what it can express
 
@@ -281,8 +283,8 @@ class Nanochat(Trainer):
         totals = {p: sum(k.values()) for p, k in phases.items()}
         # base_train.py sets expandable_segments:True before importing torch (PYTORCH_CUDA_ALLOC_CONF in 2025,
         # PYTORCH_ALLOC_CONF at 92d63d4): the allocator grows segments in place instead of splitting fixed ones, so
-        # the profile's fragmentation allowance (an assumption for the default allocator) is not added, here nor in
-        # the fit verdict (expandable_segments, planner.trainers.allocator_hardware).
+        # the profile's fragmentation allowance is not added to its total here; the fit verdict's margin (measured on
+        # runs that set it too: planner/fit_verdict.py) still applies, and its advice says the trainer sets it.
         return with_overheads(totals[name], name, kinds, totals, overheads, 0.0)
 
 

@@ -47,6 +47,7 @@ from typing import Any
 
 from planner.counts import n_params
 from planner.memory import estimate
+from planner.memory_parallel import param_shards
 from planner.memory_terms import F32, MemoryEstimate, StepConfig
 from planner.plan import PlanRequest, TrainerRef
 from planner.spec import ModelSpec, llama
@@ -108,7 +109,11 @@ class Torchtitan(Trainer):
     repo = REPO
     versions = VERSIONS
     default_version = V03
-    expandable_segments = True       # run_train.sh and the exported train.sh set PYTORCH_ALLOC_CONF
+    # run_train.sh: PYTORCH_ALLOC_CONF="expandable_segments:True" torchrun ... (0168bd5; run_llama_train.sh since
+    # a5e57e4, 2024-10-22); the wheel's torchtitan.train sets none, so nanoplan's export line sets it (launch_files.py)
+    allocator_sets = "its run_train.sh, and nanoplan's export line"
+    separate_projections = True     # wq, wk, wv, wo; w1, w3, w2 (planner/checkpointing.py)
+    hybrid_parallel = True          # --parallelism.data_parallel_replicate_degree, tensor_parallel_degree
 
     def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
         out: list[tuple[str, str, str]] = []
@@ -117,9 +122,9 @@ class Torchtitan(Trainer):
         if flavour_of(req.model) is None:
             out.append(("--preset", "its llama3 module builds only the registered flavours (debugmodel, 8B, 70B, 405B); "
                         "model dims are not options", "give --preset 8B (or 70B, 405B, debugmodel)"))
-        if req.strategy not in ("fsdp", "zero2", "ddp"):
+        if req.strategy not in ("fsdp", "zero2", "ddp", "hsdp"):
             out.append(("--strategy", f"{req.strategy}: it shards optimizer state only with the parameters (FSDP2)",
-                        "use --strategy fsdp, zero2 (reshard_after_forward never) or ddp"))
+                        "use --strategy fsdp, zero2 (reshard_after_forward never), hsdp or ddp"))
         if req.optimizer != "adamw":
             out.append(("--optimizer", "its Llama configs train with AdamW", "drop --optimizer"))
         if req.precision != "bf16-autocast":
@@ -133,9 +138,11 @@ class Torchtitan(Trainer):
         if req.trainer.window_pattern is not None:
             out.append(("window_pattern", "is a nanochat option", "leave it unset"))
         mode = req.trainer.ac_mode
-        if mode is None or (mode == "full") != req.activation_checkpointing:
-            out.append(("--ac-mode", "the activation-checkpoint mode must be none, selective-op or full, and "
-                        "activation_checkpointing true only for full", "give --ac-mode"))
+        if mode is None or (mode != "none") != req.activation_checkpointing or \
+                (mode == "selective-op") != (req.ac_policy == "selective-op") or req.ac_every != 1:
+            out.append(("--ac-mode", "the activation-checkpoint mode must be none, selective-op or full, with "
+                        "activation_checkpointing true and ac_policy as the mode for selective-op and full",
+                        "give --ac-mode"))
         return out
 
     def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None,
@@ -144,7 +151,8 @@ class Torchtitan(Trainer):
         ac = user.get("activation_checkpointing")
         mode = user.get("ac_mode") or ("full" if ac else "none" if ac is False else "selective-op")
         return {"optimizer": user.get("optimizer") or "adamw", "strategy": user.get("strategy") or "fsdp",
-                "activation_checkpointing": mode == "full", "compile": bool(user.get("compile")),
+                "activation_checkpointing": mode != "none", "ac_policy": "selective-op" if mode == "selective-op" else "full",
+                "compile": bool(user.get("compile")),
                 "precision": user.get("precision") or "bf16-autocast", "loss_chunk_tokens": 0,
                 "trainer": TrainerRef(name="torchtitan", version=v, ac_mode=mode)}
 
@@ -152,11 +160,13 @@ class Torchtitan(Trainer):
         v = self.version(ref.version).key
         mode = ref.ac_mode or "selective-op"
         N = cfg.device_batch_size * cfg.spec.seq_len
-        chunk = -(-N // LOSS_CHUNKS_03) if v in CHUNKED else 0
-        step = replace(cfg, precision="bf16", loss_chunk_tokens=chunk, activation_checkpointing=mode != "none")
+        chunk = -(-N // LOSS_CHUNKS_03) if v == V03 else 0
+        # selective-op: the fully checkpointed step plus what torchtitan's policy saves (selective_op_saved, below)
+        step = replace(cfg, precision="bf16", loss_chunk_tokens=chunk, activation_checkpointing=mode != "none",
+                       ac_policy="full")
         mem = estimate(step)
         P = n_params(cfg.spec)
-        dp = max(1, cfg.dp) if cfg.strategy != "ddp" else 1
+        dp = param_shards(cfg)      # the FSDP shard group (hsdp: one node's), × the tensor-parallel degree
         breakdown = dict(mem.breakdown)
         extra = {"parameters": 2 * P // dp, "optimizer_state": 4 * P // dp,     # fp32 shards, not bf16
                  "gradients": breakdown["gradients"]}                            # fp32 gradients (reduce fp32)

@@ -38,17 +38,18 @@ PARTS = ("compiled", "probe", "run", "eager")
 # Each task's share of the time, in seconds, on one H100/H200: 400 in all (the compile times are guesses until a
 # loan measures them). A task may use its share plus whatever the tasks before it left unused: only the later
 # tasks' shares are kept back (task_limit).
-GPU_LIMITS = {"env": 15, "compiled": (80, 85), "probe": 70, "run": 90, "eager": (30, 30)}
+GPU_LIMITS = {"env": 15, "compiled": (80, 85), "probe": 70, "run": 100, "eager": (25, 25)}
 CPU_LIMITS = {"env": 60, "compiled": (60,), "probe": 90, "run": 120, "eager": (60,)}
 TOTAL_LIMIT_S = 420.0
 KILL_GRACE_S = 10.0
 MIN_TASK_S = 10.0
 GPU_CONFIG = {"seq_len": 2048, "max_batch": 32, "warmup": 3, "steps": 10, "probe_warmup": 2, "probe_steps": 3,
-              "data_kb": 1024, "run_depth": 4, "run_hours": 0.02, "run_ckpt_minutes": 0.25, "run_first_steps": 5,
+              "data_kb": 1024, "run_depth": 4, "run_hours": 0.023, "run_ckpt_minutes": 0.25, "run_first_steps": 5,
               "run_first_launch_s": 60.0, "cpu_compile": False}
-# toy sizes: micro-batch 1 (the probe then has one trial), a 29-second run
+# toy sizes: micro-batch 1 (the probe then has one trial), a 43-second run (a launch's start-up counts: 5 to 20 s
+# on a 2-core machine, by its load)
 CPU_CONFIG = {**GPU_CONFIG, "max_batch": 1, "warmup": 1, "steps": 2, "probe_warmup": 1, "probe_steps": 1,
-              "data_kb": 64, "run_hours": 0.008, "run_first_steps": 3, "run_first_launch_s": 45.0}
+              "data_kb": 64, "run_hours": 0.012, "run_first_steps": 3, "run_first_launch_s": 45.0}
 OUT_FILES = ("gpu_kit.json", "gpu_kit.md", "gpu_kit.log")
 
 

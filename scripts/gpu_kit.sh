@@ -81,7 +81,7 @@ run() {
             --upgrade --target "$SITE" "$WHEELS"/*.whl
         export GPU_KIT_SITE=$SITE
         export PYTHONPATH="$PWD:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-        echo "installed $(find "$WHEELS" -maxdepth 1 -name '*.whl' | wc -l) wheels from $WHEELS into $SITE"
+        echo "installed $(find "$WHEELS" -maxdepth 1 -type f -name '*.whl' | wc -l) wheels from $WHEELS into $SITE"
     fi
     if ! "$PY" -c "import pydantic" 2>/dev/null; then
         echo "error: pydantic cannot be imported by $PY, and $WHEELS holds no wheels" >&2

@@ -109,6 +109,27 @@ def test_cpu_mode_runs_every_part_end_to_end(cpu_run: tuple[subprocess.Completed
     assert "note: no wheels in" in r.stdout and r.stdout.rstrip().endswith(f"{res['results_dir']}/")
 
 
+@pytest.mark.slow
+def test_compare_replans_the_measured_steps(cpu_run: tuple[subprocess.CompletedProcess, Path]) -> None:
+    """benchmarks/gpu_kit_compare.py on the CPU run's result: today's planner is the one that ran, so its
+    predictions now equal those on the day, for every step and quantity."""
+    r, tmp = cpu_run
+    assert r.returncode == 0
+    cmp = load("gpu_kit_compare")
+    rows = cmp.compare(json.loads((tmp / "out" / "gpu_kit.json").read_text()))
+    assert [(x["task"], x["quantity"]) for x in rows] == [
+        (task, q) for task in ("compiled:tiny", "eager:tiny") for q in ("tokens/s", "allocated", "reserved",
+                                                                        "device used")]
+    for x in rows:
+        assert x["predicted_now"] == pytest.approx(x["predicted_then"], rel=1e-12), x
+    tps = [x for x in rows if x["quantity"] == "tokens/s"]
+    assert all(x["error_now"] == pytest.approx(x["predicted_now"] / x["measured"] - 1) for x in tps)
+    assert all(x["measured"] is None and x["error_now"] is None for x in rows if x["quantity"] != "tokens/s")
+    p = subprocess.run([sys.executable, str(BENCH / "gpu_kit_compare.py"), str(tmp / "out")], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == 0 and p.stdout.splitlines()[2].startswith("compiled:tiny  tokens/s")
+
+
 # ---------------------------------------------------------------------------- imports against the GPU image
 
 
@@ -215,7 +236,7 @@ def test_the_time_shares_fit_seven_minutes() -> None:
     assert sum(lim for _, lim in tasks) <= 400 and kit.TOTAL_LIMIT_S <= 420
     # a task gets what the ones before it left, less the later tasks' shares
     assert kit.task_limit(tasks, 0, 420.0) == 420 - 385
-    assert kit.task_limit(tasks, 3, 300.0) == 300 - (90 + 30 + 30)
+    assert kit.task_limit(tasks, 3, 300.0) == 300 - (100 + 25 + 25)
     assert kit.task_limit(tasks, 6, 12.0) == 12.0
 
 

@@ -202,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
            "PYTHONPATH": os.pathsep.join([str(REPO), *[q for q in os.environ.get("PYTHONPATH", "").split(os.pathsep)
                                                         if q and Path(q).resolve() != REPO]])}
     cpu = a.cpu
+    if cpu:
+        env.setdefault("OMP_NUM_THREADS", "1")      # toy sizes on a machine that may be shared: one thread each
     cfg: dict[str, Any] = {"mode": "cpu" if cpu else "gpu", "work": str(work), "out": str(out), "profile": None,
                            **(CPU_CONFIG if cpu else GPU_CONFIG), "cpu_compile": a.cpu_compile}
     config = work / "config.json"
@@ -230,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["tasks"].append(entry)
                 if not cpu and not result["env"].get("cuda_available"):
                     cpu = True
+                    env.setdefault("OMP_NUM_THREADS", "1")
                     result["notes"].append("no CUDA here: ran the CPU mode (toy sizes)")
                     cfg.update(mode="cpu", **{**CPU_CONFIG, "cpu_compile": a.cpu_compile})
                     tasks = [("env", 0.0)] + [(n, extra.get(n, lim)) for n, lim in task_list(True, parts, depths)[1:]]

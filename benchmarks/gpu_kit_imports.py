@@ -362,11 +362,12 @@ def coverage(wheels_dir: Path | None = None, image_file: Path = IMAGE_FILE, whee
     for mod in sorted(found.modules):
         dist = distribution_of(mod, table)
         by = "kit" if dist in wheels else "image" if dist in image else "MISSING"
-        importers = ", ".join(sorted(found.modules[mod])[:3]) + (" ..." if len(found.modules[mod]) > 3 else "")
+        who = sorted(found.modules[mod])
+        importers = who[0] + (f" and {len(who) - 1} more" if len(who) > 1 else "")
         if by == "MISSING" and mod in found.required:
             problems.append(f"{mod} (distribution {dist}), imported by {importers}: neither in the GPU image "
                             f"nor among the kit's wheels; add it to {wheels_file.name}")
-        rows.append((mod, dist, by if mod in found.required or by != "MISSING" else "MISSING (optional)", importers))
+        rows.append((mod, dist, by if mod in found.required or by != "MISSING" else "optional, MISSING", importers))
     req_problems, notes = requirement_problems(wheels, image, wheels_dir)
     return Coverage(rows, problems + req_problems, notes)
 
@@ -392,15 +393,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.check_wheels and wheels_dir is not None:
         cov.problems[:0] = wheel_problems(wheels_dir, kit_wheels())
     if not a.quiet:
-        print(f"{'module':<20} {'distribution':<20} {'from':<9} imported by")
+        print(f"{'module':<11} {'package':<11} {'from':<6} imported by")
         for mod, dist, by, importers in cov.rows:
-            print(f"{mod:<20} {dist:<20} {by:<9} {importers}")
+            print(f"{mod:<11} {dist:<11} {by:<6} {importers}")
         for n in cov.notes:
             print(f"note: {n}")
     for prob in cov.problems:
         print(f"error: {prob}", file=sys.stderr)
-    print(f"imports: {len(cov.rows)} third-party modules on the kit's path; "
-          + ("all covered by the image and the kit's wheels" if not cov.problems else f"{len(cov.problems)} problem(s)"))
+    print(f"imports: {len(cov.rows)} third-party modules on the kit's path, "
+          + ("all in the GPU image or the wheels" if not cov.problems else f"{len(cov.problems)} problem(s)"))
     return 1 if cov.problems else 0
 
 

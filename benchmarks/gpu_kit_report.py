@@ -185,11 +185,13 @@ def summary_lines(result: dict[str, Any]) -> list[str]:
                f"{result.get('wall_s', 0):.0f} s"]
     for t in result["tasks"]:
         r = t.get("result") or {}
-        extra = ""
+        line = f"  {t['task']:<13} {str(t.get('status'))[:62]}"
         if r.get("tokens_per_sec"):
-            extra = (f"  {r['tokens_per_sec']:,.0f} tok/s (plan {r.get('predicted_tokens_per_sec', 0):,.0f}), "
-                     f"alloc {_gib(r.get('max_memory_allocated'))} GiB, reserved {_gib(r.get('max_memory_reserved'))} GiB")
-        out.append(f"  {t['task']:<13} {str(t.get('status'))[:60]:<60}{extra}")
+            line += f"  {r['tokens_per_sec']:,.0f} tok/s (plan {r.get('predicted_tokens_per_sec', 0):,.0f})"
+            if r.get("max_memory_allocated"):
+                line += (f"  {_gib(r['max_memory_allocated'])}/{_gib(r.get('max_memory_reserved'))} GiB "
+                         "alloc/reserved")
+        out.append(line)
     for model, _c, _e, gain, _note in compile_gains(result):
         out.append(f"  compile gain {model}: {gain:.2f}x")
     out.append(f"results: gpu_kit.json, gpu_kit.md, gpu_kit.log -> commit under {result.get('results_dir')}/")

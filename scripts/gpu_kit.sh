@@ -54,7 +54,7 @@ prepare() {
     whl=$(find "$WHEELS" -maxdepth 1 -type f -print0 | bytes_of)
     total=$((tree + whl))
     echo "size: working tree $(mib "$tree") MiB + $WHEELS $(mib "$whl") MiB = $(mib "$total") MiB" \
-         "(a device call carries at most $CARRY_LIMIT_MIB MiB)"
+         "of the $CARRY_LIMIT_MIB a call carries"
     if ((total > CARRY_LIMIT_MIB * 1048576)); then
         echo "error: the working tree and $WHEELS are over $CARRY_LIMIT_MIB MiB" >&2
         echo "hint: remove untracked files, or carry fewer wheels" >&2

@@ -94,7 +94,7 @@ def test_cpu_mode_runs_every_part_end_to_end(cpu_run: tuple[subprocess.Completed
     assert (s1["reason"], s2["reason"]) == ("signal", "deadline") and s2["step"] > s1["step"] >= 3
     assert [s["first_step"] for s in run["segments"]] == [1, s1["step"] + 1]
     assert run["segments"][1]["last_step"] == s2["step"]
-    assert f"step_{s1['step']:08d}" in run["checkpoints"] and f"step_{s2['step']:08d}" in run["checkpoints"]
+    assert f"step_{s2['step']:08d}" == run["checkpoints"][-1]       # launch 1's may be gone: keep-last 3
     assert run["segments"][-1]["elapsed_hours"] <= run["hours"]
 
     md = (out / "gpu_kit.md").read_text()

@@ -277,19 +277,23 @@ def task_step(kit: Kit, save: Save, depth: int | None, compiled: bool) -> None:
             "compile": plan.training.compile, "predicted_tokens_per_sec": plan.throughput.tokens_per_sec,
             "predicted_memory_bytes": plan.memory.per_gpu_bytes, "predicted_fits": plan.memory.fits}
     save({**head, "status": "running"})
-    notes = []
+    notes: list[str] = []
+    oom = None
     try:
         rec = suite.run_point(plan, device, c["warmup"], c["steps"])
     except torch.OutOfMemoryError as e:
+        oom = (str(e).splitlines() or ["out of memory"])[0][:300]
+    if oom is not None:        # cleaned up out here, where no traceback holds the model any more
         suite._cleanup(torch, device.type == "cuda")
-        oom = {**head, "status": "OOM", "error": (str(e).splitlines() or ["out of memory"])[0][:300]}
+        save({**head, "status": "OOM", "error": oom})
         if compiled or b < 2:
-            save(oom)
             return
-        save({**oom, "status": "OOM; retrying at half the micro-batch"})
         notes.append(f"OOM at micro-batch {b} (the planner said {'it fits' if plan.memory.fits else 'no fit'}); "
                      f"measured at {b // 2}")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         plan = kit.step_point(depth, compiled, batch=b // 2)
+        save({**head, "status": "OOM; measuring at half the micro-batch", "error": oom})
         rec = suite.run_point(plan, device, c["warmup"], c["steps"])
     row = suite.summarise(plan, rec, head["label"])
     row.setdefault("status", "ok")

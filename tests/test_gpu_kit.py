@@ -289,6 +289,38 @@ def test_run_checks_catch_a_run_that_did_not_resume() -> None:
                       "launch 2 stopped at the budget's deadline with a checkpoint", "CUDA memory readings"]
 
 
+def test_an_eager_oom_is_measured_at_half_the_micro_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU the eager step may not fit at the compiled step's micro-batch: it is recorded, and measured at
+    half (the compiled step is not retried). The OOM is injected into the CPU mode's step."""
+    import torch
+
+    parts, kit = load("gpu_kit_parts"), load("gpu_kit")
+    suite = parts.load_suite()
+    real, calls = suite.run_point, []
+
+    def run_point(plan, device, warmup, steps):  # noqa: ANN001, ANN202
+        calls.append(plan.training.device_batch_size)
+        if len(calls) == 1:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(plan, device, warmup, steps)
+
+    suite.run_point = run_point
+    monkeypatch.setattr(parts, "load_suite", lambda: suite)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    k = parts.Kit({**kit.CPU_CONFIG, "max_batch": 4, "mode": "cpu", "work": str(tmp_path), "profile": None}, 1e18)
+    saved: list[dict] = []
+    parts.task_step(k, saved.append, None, compiled=False)
+    assert calls == [4, 2]
+    assert [s["status"] for s in saved] == ["running", "OOM", "OOM; measuring at half the micro-batch", "ok"]
+    assert saved[-1]["device_batch_size"] == 2 and saved[-1]["tokens_per_step"] == 2 * 64
+    assert saved[-1]["notes"] == ["OOM at micro-batch 4 (the planner said it fits); measured at 2"]
+    calls.clear()
+    saved.clear()
+    parts.task_step(k, saved.append, None, compiled=True)
+    assert calls == [4] and [s["status"] for s in saved] == ["running", "OOM"]
+    assert saved[-1]["error"] == "CUDA out of memory. Tried to allocate 2.00 GiB"
+
+
 def test_the_markdown_of_a_gpu_result() -> None:
     """The report's GPU-only cells (device, driver, GiB, the compile gain), from a hand-made GPU record."""
     report = load("gpu_kit_report")

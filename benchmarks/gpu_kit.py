@@ -36,8 +36,8 @@ from gpu_kit_report import markdown, summary_lines  # noqa: E402
 
 PARTS = ("compiled", "probe", "run", "eager")
 # Each task's share of the time, in seconds, on one H100/H200: 400 in all (the compile times are guesses until a
-# loan measures them). A task may use its share plus whatever the tasks before it left unused: only the later
-# tasks' shares are kept back (task_limit).
+# loan measures them). A task may use its share plus whatever the tasks before it left unused, never the later
+# tasks' shares (task_limit); the 20 s to TOTAL_LIMIT_S are for the processes' start and end.
 GPU_LIMITS = {"env": 15, "compiled": (80, 85), "probe": 70, "run": 100, "eager": (25, 25)}
 CPU_LIMITS = {"env": 60, "compiled": (60,), "probe": 90, "run": 120, "eager": (60,)}
 TOTAL_LIMIT_S = 420.0
@@ -69,10 +69,11 @@ def task_list(cpu: bool, parts: list[str], depths: list[int]) -> list[tuple[str,
     return out
 
 
-def task_limit(tasks: list[tuple[str, float]], i: int, left: float) -> float:
-    """Task i's time: what is left of the kit's, less the shares of the tasks after it (never more than that,
-    never less than its own share unless the kit's time is short)."""
-    return left - sum(lim for _, lim in tasks[i + 1:])
+def task_limit(tasks: list[tuple[str, float]], i: int, elapsed: float, total: float) -> float:
+    """Task i's time: its share plus what the tasks before it left unused, but never the later tasks' shares
+    nor past the kit's total."""
+    before = sum(lim for _, lim in tasks[:i])
+    return min(tasks[i][1] + max(0.0, before - elapsed), total - elapsed - sum(lim for _, lim in tasks[i + 1:]))
 
 
 class Tee:
@@ -217,12 +218,16 @@ def main(argv: list[str] | None = None) -> int:
         i = 0
         while i < len(tasks):
             task, _ = tasks[i]
-            limit = task_limit(tasks, i, a.total_limit - (time.monotonic() - t0))
+            limit = task_limit(tasks, i, time.monotonic() - t0, a.total_limit)
             i += 1
             entry: dict[str, Any] = {"task": task, "limit_s": round(limit, 1)}
             if limit < MIN_TASK_S:
-                entry.update(status=f"skipped: the kit's {a.total_limit:.0f} s are used up")
+                entry.update(status=f"skipped: {limit:.0f} s left for it (the later tasks' shares kept, "
+                                    f"--total-limit {a.total_limit:.0f})")
                 result["tasks"].append(entry)
+                if task == "env":
+                    result["notes"].append("env did not run: nothing runs without it")
+                    break
                 continue
             ended = run_task(task, limit, config, tee, env)
             rec = read_json(task_file(work, task))
@@ -230,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
             if task == "env":
                 result["env"] = rec or {}
                 result["tasks"].append(entry)
-                if not cpu and not result["env"].get("cuda_available"):
+                if "cuda_available" not in result["env"]:        # it died before torch answered: see the log
+                    result["notes"].append(f"env {entry['status']}: stopped after it (its output is in gpu_kit.log)")
+                    tasks = tasks[:1]
+                elif not cpu and not result["env"]["cuda_available"]:
                     cpu = True
                     env.setdefault("OMP_NUM_THREADS", "1")
                     result["notes"].append("no CUDA here: ran the CPU mode (toy sizes)")

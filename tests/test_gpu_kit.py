@@ -234,10 +234,11 @@ def test_the_time_shares_fit_seven_minutes() -> None:
     tasks = kit.task_list(False, list(kit.PARTS), [20, 26])
     assert [t for t, _ in tasks] == ["env", "compiled:d20", "compiled:d26", "probe", "run", "eager:d20", "eager:d26"]
     assert sum(lim for _, lim in tasks) <= 400 and kit.TOTAL_LIMIT_S <= 420
-    # a task gets what the ones before it left, less the later tasks' shares
-    assert kit.task_limit(tasks, 0, 420.0) == 420 - 385
-    assert kit.task_limit(tasks, 3, 300.0) == 300 - (100 + 25 + 25)
-    assert kit.task_limit(tasks, 6, 12.0) == 12.0
+    # a task gets its share and what the ones before it left unused, never the later tasks' shares
+    assert kit.task_limit(tasks, 0, 0.0, 420.0) == 15
+    assert kit.task_limit(tasks, 3, 100.0, 420.0) == 70 + (15 + 80 + 85 - 100)
+    assert kit.task_limit(tasks, 3, 250.0, 420.0) == 420 - 250 - (100 + 25 + 25)      # late: less than its share
+    assert kit.task_limit(tasks, 6, 300.0, 420.0) == 25 + (375 - 300)
 
 
 @pytest.mark.parametrize("profile", ["H100-SXM", "H200"])
@@ -365,3 +366,9 @@ def test_bad_arguments_and_a_python_without_pydantic(tmp_path: Path) -> None:
     kit = load("gpu_kit")
     assert kit.main(["run", "--parts", "compiled,bogus", "--out", str(tmp_path / "o"),
                      "--work", str(tmp_path / "w")]) == 2
+    # nothing runs without env (it decides the mode and the GPU's profile)
+    assert kit.main(["run", "--cpu", "--limit", "env=0.5", "--out", str(tmp_path / "o"), "--work",
+                     str(tmp_path / "w")]) == 0
+    res = json.loads((tmp_path / "o" / "gpu_kit.json").read_text())
+    assert [t["task"] for t in res["tasks"]] == ["env"] and res["tasks"][0]["status"].startswith("skipped: 0 s left")
+    assert res["notes"] == ["env did not run: nothing runs without it"]

@@ -38,7 +38,7 @@ PARTS = ("compiled", "probe", "run", "eager")
 # Each task's share of the time, in seconds, on one H100/H200: 400 in all (the compile times are guesses until a
 # loan measures them). A task may use its share plus whatever the tasks before it left unused, never the later
 # tasks' shares (task_limit); the 20 s to TOTAL_LIMIT_S are for the processes' start and end.
-GPU_LIMITS = {"env": 15, "compiled": (80, 85), "probe": 70, "run": 100, "eager": (25, 25)}
+GPU_LIMITS = {"env": 30, "compiled": (80, 75), "probe": 65, "run": 100, "eager": (25, 25)}
 CPU_LIMITS = {"env": 60, "compiled": (60,), "probe": 90, "run": 120, "eager": (60,)}
 TOTAL_LIMIT_S = 420.0
 KILL_GRACE_S = 10.0

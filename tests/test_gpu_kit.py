@@ -235,8 +235,8 @@ def test_the_time_shares_fit_seven_minutes() -> None:
     assert [t for t, _ in tasks] == ["env", "compiled:d20", "compiled:d26", "probe", "run", "eager:d20", "eager:d26"]
     assert sum(lim for _, lim in tasks) <= 400 and kit.TOTAL_LIMIT_S <= 420
     # a task gets its share and what the ones before it left unused, never the later tasks' shares
-    assert kit.task_limit(tasks, 0, 0.0, 420.0) == 15
-    assert kit.task_limit(tasks, 3, 100.0, 420.0) == 70 + (15 + 80 + 85 - 100)
+    assert kit.task_limit(tasks, 0, 0.0, 420.0) == 30
+    assert kit.task_limit(tasks, 3, 100.0, 420.0) == 65 + (30 + 80 + 75 - 100)
     assert kit.task_limit(tasks, 3, 250.0, 420.0) == 420 - 250 - (100 + 25 + 25)      # late: less than its share
     assert kit.task_limit(tasks, 6, 300.0, 420.0) == 25 + (375 - 300)
 

@@ -82,6 +82,15 @@ def plan_point(spec: ModelSpec, prof: HardwareProfile, optimizer: str, *, precis
                                                   "device_batch_size": batch}))
 
 
+def cuda_setup(device: Any) -> None:
+    """As runner.train.Trainer.setup on CUDA: the device, and TF32 for any fp32 matmul left outside autocast
+    (the legacy switch only: mixing it with torch's newer fp32_precision settings breaks inductor, pytorch#166387)."""
+    import torch
+
+    torch.cuda.set_device(device)
+    torch.set_float32_matmul_precision("high")
+
+
 def _cleanup(torch: Any, cuda: bool) -> None:
     gc.collect()
     if cuda:
@@ -265,9 +274,7 @@ def _main(a: argparse.Namespace, t_start: float, argv: list[str]) -> int:
         if not torch.cuda.is_available():
             raise PlanError("GPU", "CUDA is not available here", "run on a GPU machine, or use --cpu-tiny")
         device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = True       # as runner.train
-        torch.backends.cudnn.allow_tf32 = True
+        cuda_setup(device)
         device_name = torch.cuda.get_device_name(device)
         prof = find_profile(a.profile) if a.profile else profile_for_device(device_name)
         specs = [nanochat(d, seq_len=a.seq_len) for d in _ints(a.depths, "--depths")]

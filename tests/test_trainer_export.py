@@ -143,6 +143,30 @@ def test_torchtitan_03_command_is_parsed_by_torchtitan(mode: str, ac_class: str 
     assert cfg.lr_scheduler.warmup_steps == h.warmup_steps
 
 
+@pytest.mark.parametrize("strategy, tp, degrees", [("hsdp", 2, (4, 2, 2)), ("fsdp", 4, (4, 1, 4)), ("ddp", 2, (1, 8, 2))])
+def test_torchtitan_03_parses_tensor_parallel_and_hsdp_plans(strategy: str, tp: int, degrees: tuple[int, int, int],
+                                                             tmp_path: Path, capsys) -> None:
+    """Issue 29: a plan with --tp N and/or --strategy hsdp exports torchtitan's own degrees (2 nodes of 8 here):
+    data-parallel ranks are the GPUs over tp; hsdp shards within a node's tensor-parallel groups and replicates
+    across nodes. torchtitan's parser reads them back, with the micro-batch and accumulation over those ranks."""
+    manager = pytest.importorskip("torchtitan.config.manager")
+    plan = make(tmp_path, capsys, "--trainer", "torchtitan", "--preset", "8B", "--gpu", "2x8xH100",
+                "--device-batch-size", "1", "--total-batch-tokens", str(64 * 8192), "--strategy", strategy,
+                "--tp", str(tp), "--budget", "1000")
+    argv = [w.replace("$NODE_RANK", "0").replace("$MASTER_ADDR", "head") for w in
+            script_command(launch_files(plan)["train.sh"])]          # what the shell expands on node 0
+    from torch.distributed.run import get_args_parser
+    run = get_args_parser().parse_args(argv[1:])
+    cfg = manager.ConfigManager().parse_args(run.training_script_args)
+    par, tr, t = cfg.parallelism, cfg.training, plan.training
+    assert (par.data_parallel_shard_degree, par.data_parallel_replicate_degree, par.tensor_parallel_degree) == degrees
+    assert par.enable_sequence_parallel is True
+    dp = par.data_parallel_shard_degree * par.data_parallel_replicate_degree
+    assert dp * tp == 16 and tr.local_batch_size == t.device_batch_size
+    assert tr.global_batch_size * tr.seq_len == t.total_batch_tokens == 64 * 8192
+    assert tr.global_batch_size // (tr.local_batch_size * dp) == t.grad_accum_steps
+
+
 def test_torchtitan_02_toml_uses_only_v022_keys(tmp_path: Path, capsys) -> None:
     plan = make(tmp_path, capsys, "--trainer", "torchtitan", "--trainer-version", "0.2", "--preset", "8B", "--gpu", GPU,
                 "--device-batch-size", "1", "--total-batch-tokens", str(16 * 8192), "--keep-last", "1", "--budget", "1000")

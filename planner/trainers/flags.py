@@ -70,6 +70,7 @@ TORCHTITAN_MAIN_FLAGS: dict[str, type | list[type]] = {
     "--lr-scheduler.warmup-steps": int,
     "--parallelism.data-parallel-replicate-degree": int, "--parallelism.data-parallel-shard-degree": int,
     "--parallelism.fsdp-reshard-after-forward": str, "--parallelism.tensor-parallel-degree": int,
+    "--parallelism.enable-sequence-parallel": bool, "--parallelism.no-enable-sequence-parallel": bool,
     "--checkpoint.enable": bool, "--checkpoint.interval": int, "--checkpoint.keep-latest-k": int,
     "--compile.enable": bool, "--compile.no-enable": bool,
 }

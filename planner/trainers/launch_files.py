@@ -18,6 +18,7 @@ import json
 import shlex
 from typing import Any
 
+from planner.parallelism import data_parallel_degree, hsdp_shard
 from planner.plan import Plan, PlanRequest
 from planner.trainers.deepspeed import (
     ALLGATHER_BUCKET,
@@ -46,8 +47,9 @@ FORWARD_SHARE = 3
 
 
 def _micro_and_accum(req: PlanRequest, gpus: int) -> tuple[int, int]:
+    """(micro-batch, accumulation) over the data-parallel ranks (the GPUs over the tensor-parallel degree)."""
     b = req.device_batch_size or 1
-    return b, max(1, req.total_batch_tokens // (b * req.model.seq_len * gpus))
+    return b, max(1, req.total_batch_tokens // (b * req.model.seq_len * data_parallel_degree(gpus, req.tp)))
 
 
 # --------------------------------------------------------------------------- nanochat
@@ -163,11 +165,16 @@ def _torchrun(nodes: int, gpus_per_node: int) -> list[str]:
             "--rdzv_backend", "c10d", "--rdzv_endpoint=$MASTER_ADDR:29500"]
 
 
-def _dp(req: PlanRequest, gpus: int) -> tuple[int, int, str]:
-    """(replicate degree, shard degree, fsdp_reshard_after_forward)."""
+def _dp(req: PlanRequest, gpus: int, gpus_per_node: int) -> tuple[int, int, str]:
+    """(replicate degree, shard degree, fsdp_reshard_after_forward) over the data-parallel ranks: ddp replicates,
+    hsdp shards within a node (over its tensor-parallel groups) and replicates across nodes, the rest shard."""
+    dp = data_parallel_degree(gpus, req.tp)
     if req.strategy == "ddp":
-        return gpus, 1, "default"
-    return 1, gpus, "never" if req.strategy == "zero2" else "default"
+        return dp, 1, "default"
+    if req.strategy == "hsdp":
+        shard = hsdp_shard("hsdp", gpus_per_node, req.tp)
+        return dp // shard, shard, "default"
+    return 1, dp, "never" if req.strategy == "zero2" else "default"
 
 
 def keep_latest_k(req: PlanRequest) -> int:
@@ -176,7 +183,8 @@ def keep_latest_k(req: PlanRequest) -> int:
     return max(2, req.keep_last)
 
 
-def torchtitan_overrides(req: PlanRequest, gpus: int, steps: int, save_every: int) -> list[str]:
+def torchtitan_overrides(req: PlanRequest, gpus: int, steps: int, save_every: int,
+                         gpus_per_node: int | None = None) -> list[str]:
     """0.3's (or main's) `--section.key value` overrides (tyro), then the activation-checkpoint subcommand.
 
     The batch as tokens on main (73aed7f: num-tokens-per-microbatch-per-dp-rank, num-tokens-per-train-step,
@@ -184,7 +192,7 @@ def torchtitan_overrides(req: PlanRequest, gpus: int, steps: int, save_every: in
     (default_adamw: weight decay 0.1; warmup 200 steps); CUDA graphs off (nanoplan's memory model has no graph pool;
     torchtitan captures forward and backward unless told not to, since f84224a)."""
     b, _ = _micro_and_accum(req, gpus)
-    rep, shard, reshard = _dp(req, gpus)
+    rep, shard, reshard = _dp(req, gpus, gpus_per_node or gpus)
     h = req.hyper
     seq = req.model.seq_len
     if req.trainer.version == MAIN:
@@ -202,7 +210,9 @@ def torchtitan_overrides(req: PlanRequest, gpus: int, steps: int, save_every: in
            "--parallelism.data-parallel-replicate-degree", str(rep),
            "--parallelism.data-parallel-shard-degree", str(shard),
            "--parallelism.fsdp-reshard-after-forward", reshard,
-           "--parallelism.tensor-parallel-degree", "1",
+           "--parallelism.tensor-parallel-degree", str(req.tp),
+           "--parallelism.enable-sequence-parallel" if req.sequence_parallel else
+           "--parallelism.no-enable-sequence-parallel",
            "--checkpoint.enable", "--checkpoint.interval", str(save_every),
            "--checkpoint.keep-latest-k", str(keep_latest_k(req)),
            "--compile.enable" if req.compile else "--compile.no-enable"]
@@ -222,7 +232,7 @@ def torchtitan_argv(req: PlanRequest, nodes: int, gpus_per_node: int, steps: int
     if req.trainer.version == V02:
         return [*head, "--job.config_file", toml_name(req)]
     return [*head, "--module", "llama3", "--config", CONFIG_FN[flavour],
-            *torchtitan_overrides(req, nodes * gpus_per_node, steps, save_every)]
+            *torchtitan_overrides(req, nodes * gpus_per_node, steps, save_every, gpus_per_node)]
 
 
 def toml_name(req: PlanRequest) -> str:
@@ -244,7 +254,7 @@ def torchtitan_toml(plan: Plan) -> dict[str, dict[str, Any]]:
     """0.2's job TOML, as nested dicts (sections and keys from planner/trainers/flags.py)."""
     req, g = plan.request, plan.hardware.num_gpus
     flavour = flavour_of(req.model) or "8B"
-    rep, shard, reshard = _dp(req, g)
+    rep, shard, reshard = _dp(req, g, plan.hardware.gpus_per_node)
     mode = req.trainer.ac_mode or "selective-op"
     h = req.hyper
     doc: dict[str, dict[str, Any]] = {
@@ -257,7 +267,7 @@ def torchtitan_toml(plan: Plan) -> dict[str, dict[str, Any]]:
                      "global_batch_size": req.total_batch_tokens // req.model.seq_len, "seq_len": req.model.seq_len,
                      "max_norm": float(h.grad_clip), "steps": plan.schedule.total_steps},
         "parallelism": {"data_parallel_replicate_degree": rep, "data_parallel_shard_degree": shard,
-                        "fsdp_reshard_after_forward": reshard, "tensor_parallel_degree": 1},
+                        "fsdp_reshard_after_forward": reshard, "tensor_parallel_degree": req.tp},
         "checkpoint": {"enable": True, "folder": "checkpoint", "interval": plan.schedule.checkpoint_every_steps,
                        "keep_latest_k": keep_latest_k(req)},
         "compile": {"enable": req.compile, "components": ["model", "loss"]},

@@ -160,7 +160,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     mem = memory_of(cfg, hw, req.trainer)
     fit = fits(mem, hw, req.headroom)
     tr = trainer_for(req.trainer)
-    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu)
+    software = tr.step_software(spec, req.trainer, hw.profile) if tr is not None else None   # its attention kernel
+    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu, software=software)
     usd_per_hour = g * hw.usd_per_gpu_hour
 
     if req.steps is not None:

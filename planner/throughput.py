@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token
 from planner.compute_model import ComputeTerms, compute_terms, hbm_rate, matmul_rate
 from planner.counts import flops_per_token, matrix_params, n_params
+from planner.kernels import StepSoftware
 from planner.memory_terms import StepConfig, precision_bytes
 from planner.profiles import Hardware, HardwareProfile
 from planner.spec import ModelSpec
@@ -318,9 +319,10 @@ class StepModel:
     def __init__(self, spec: ModelSpec, hw: Hardware, *, precision: str, optimizer: str, strategy: str,
                  compiled: bool, loss_chunk_tokens: int, tokens_per_step: int, mfu: float | None = None,
                  fp8: bool = False, reduce_dtype: str | None = None, ac_every: int = 1, ac_policy: str = "full",
-                 k: SpeedConstants = DEFAULT) -> None:
+                 k: SpeedConstants = DEFAULT, software: StepSoftware | None = None) -> None:
         prof = hw.profile
         self.spec, self.hw, self.k = spec, hw, k
+        self.software = software         # the trainer's attention kernel and span (planner/kernels.py); None: runner
         self.g = hw.num_gpus
         self.gpu = prof.kind == "gpu"
         self.fp8 = bool(fp8 and self.gpu and prof.speed is not None and prof.speed.fp8_matmul_tflops)
@@ -343,7 +345,8 @@ class StepModel:
         if t is None:
             if self.flat is None:
                 t = compute_terms(self.spec, self.hw.profile, precision=self.precision, compiled=self.compiled,  # type: ignore[arg-type]
-                                  ac=ac, ac_every=self.ac_every, ac_policy=self.ac_policy, fp8=self.fp8, k=self.k)
+                                  ac=ac, ac_every=self.ac_every, ac_policy=self.ac_policy, fp8=self.fp8, k=self.k,
+                                  software=self.software)
             else:
                 hw_flops = flops_per_token(self.spec) + recompute_flops_per_token(self.spec, ac, self.ac_every,
                                                                                   self.ac_policy)
@@ -386,14 +389,16 @@ class StepModel:
 
 
 def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
-                        k: SpeedConstants = DEFAULT) -> Throughput:
+                        k: SpeedConstants = DEFAULT, software: StepSoftware | None = None) -> Throughput:
+    """The step's time and tokens/s; `software`: the trainer's attention kernel and span (None: nanoplan's runner)."""
     spec = cfg.spec
     g = hw.num_gpus
     micro_tokens = cfg.device_batch_size * spec.seq_len
     tokens = micro_tokens * g * cfg.grad_accum_steps
     sm = StepModel(spec, hw, precision=cfg.precision, optimizer=cfg.optimizer, strategy=cfg.strategy,
                    compiled=cfg.compile, loss_chunk_tokens=cfg.loss_chunk_tokens, tokens_per_step=tokens, mfu=mfu,
-                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=cfg.ac_policy, k=k)
+                   fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=cfg.ac_policy, k=k,
+                   software=software)
     compute, loss_s, t = sm.compute_seconds(cfg.device_batch_size, cfg.activation_checkpointing)
     step = sm.seconds(cfg.device_batch_size, cfg.grad_accum_steps, cfg.activation_checkpointing)
     micro = micro_step_seconds(sm.costs, cfg.grad_accum_steps, micro_tokens, cfg.loss_chunk_tokens,

@@ -43,11 +43,13 @@ import math
 from typing import Any
 
 from planner.counts import attn_weight_params, mlp_weight_params
+from planner.kernels import StepSoftware, window_span
 from planner.memory import BREAKDOWN_KEYS
 from planner.memory_backward import block_bw
 from planner.memory_compiled import saved_parts
 from planner.memory_terms import F32, I64, MemoryEstimate, StepConfig, Walk, model_bytes
 from planner.plan import PlanRequest, TrainerRef
+from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 from planner.trainers import Counts, Trainer, Version, with_overheads
 
@@ -164,6 +166,23 @@ class Nanochat(Trainer):
                 "activation_checkpointing": bool(user.get("activation_checkpointing")),
                 "compile": user.get("compile") is not False, "precision": user.get("precision") or "bf16-autocast",
                 "loss_chunk_tokens": 0, "trainer": TrainerRef(name="nanochat", version=v, ac_mode=user.get("ac_mode"))}
+
+    # ---------------------------------------------------------------- speed (issue 29)
+
+    def step_software(self, spec: ModelSpec, ref: TrainerRef, prof: HardwareProfile) -> StepSoftware:
+        """The attention nanochat runs (planner/kernels.py). 2025 versions: SDPA with is_causal under torch 2.8.0
+        (pyproject.toml): FlashAttention-2. 2026-07: nanochat/flash_attention.py loads FlashAttention-3 through
+        `kernels` (varunneal/flash-attention-3 on Hopper, kernels-community/flash-attn3 built for Ampere and Ada)
+        and runs the SSSL sliding windows in it; on Blackwell it falls back to SDPA, whose windowed layers pass
+        an explicit mask and so attend to the whole sequence (span 2 against causal), the long ones is_causal."""
+        if self.version(ref.version).key != CURRENT:
+            return StepSoftware(attention="fa2")
+        arch = prof.speed.architecture if prof.speed is not None else ""
+        windows = _windows(spec)
+        if arch == "blackwell":
+            span = sum(1.0 if w >= spec.seq_len else 2.0 for w in windows) / len(windows)
+            return StepSoftware(attention="fa2", attention_span=span)
+        return StepSoftware(attention="fa3", attention_span=window_span(windows, spec.seq_len))
 
     # ---------------------------------------------------------------- counts
 

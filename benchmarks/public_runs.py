@@ -75,6 +75,45 @@ def groups(preds: list[Prediction]) -> dict[str, Callable[[Prediction], str]]:
             "nodes": lambda p: "multi-node" if p.row.multi_node else "single node"}
 
 
+def _speed_compiled(p: Prediction) -> bool:
+    return bool(p.inputs.cfg.compile)
+
+
+def bias_lines(sped: list[Prediction]) -> list[str]:
+    """Issue 29's bias checks: median signed error of compiled and of eager H100 rows, and nanochat's rows as
+    `--trainer nanochat` plans."""
+    out = []
+    for label, pick in (("H100 compiled", lambda p: p.row.gpu == "H100-SXM" and _speed_compiled(p)),
+                        ("H100 eager", lambda p: p.row.gpu == "H100-SXM" and not _speed_compiled(p)),
+                        ("nanochat (--trainer nanochat)", lambda p: p.row.trainer == "nanochat")):
+        errs = [p.error for p in sped if pick(p)]
+        if errs:
+            out.append(f"  {label}: median error {statistics.median(errs):+.1%}, worst {max(errs, key=abs):+.1%} "  # type: ignore[arg-type]
+                       f"(n={len(errs)})")
+    return out
+
+
+def coverage_line(sped: list[Prediction]) -> str:
+    """How often the P10–P90 band a plan would print holds the measured tokens/s: each row's band is built from
+    every other row's held-out error (planner/speed_errors.py), never its own."""
+
+    from planner.uncertainty import RUNS, band_for, kind_of  # noqa: PLC0415
+
+    inside = total = none = 0
+    for p in sped:
+        trainer = p.inputs.trainer.name if p.inputs.trainer is not None else p.row.trainer
+        band = band_for(kind_of(p.row.gpu, trainer, _speed_compiled(p), p.row.nodes),
+                        [r for r in RUNS if r.id != p.row.id])
+        if band is None:
+            none += 1
+            continue
+        total += 1
+        inside += band.lo <= 1.0 / (1.0 + p.error) <= band.hi  # type: ignore[operator]
+    share = f"{inside / total:.0%}" if total else "-"
+    return (f"P10-P90 bands (each row's own error left out): hold the measured tokens/s for {inside} of {total} rows "
+            f"({share}); {none} rows on GPUs with too few comparable runs get no band")
+
+
 def summary(preds: list[Prediction], name: str, list_wrong: bool = True) -> list[str]:
     sped = [p for p in preds if p.error is not None]
     lines = [f"{name}: {len(preds)} rows, {len(sped)} with a measured speed"]
@@ -90,6 +129,8 @@ def summary(preds: list[Prediction], name: str, list_wrong: bool = True) -> list
                 by.setdefault(key(p), []).append(p.error)  # type: ignore[arg-type]
             parts = [f"{k} {_median_abs(v):.1%} (n={len(v)})" for k, v in sorted(by.items())]
             lines.append(f"  by {gname}: " + ", ".join(parts))
+        lines += bias_lines(sped)
+        lines.append("  " + coverage_line(sped))
     known = len(preds)
     wrong = [p for p in preds if not p.verdict_ok]
     verdicts = {v: sum(1 for p in preds if p.verdict == v) for v in ("fits", "tight", "does not fit")}

@@ -65,6 +65,8 @@ def _print(checks: list, trace: bool) -> None:
     if note:
         console.print(note, style="dim", highlight=False)
     for c in checks:
+        if c.band_line:
+            console.print(f"{c.path}: {c.band_line}", highlight=False)
         for p in c.problems:
             console.print(f"[red]{c.path}[/red]: {p}", highlight=False)
         if c.trace_note:

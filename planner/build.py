@@ -30,6 +30,7 @@ from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
 from planner.trainers.launch_files import launch_argv
+from planner.uncertainty import plan_uncertainty
 from planner.units import fmt_bytes, fmt_count
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
@@ -252,6 +253,12 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                                       steps, ckpt_steps)),
         spot=spot,
         warnings=_warnings(req, hw, mem, fit, sched, N, limited) + (spot_warnings(req, spot) if spot else []),
+        uncertainty=plan_uncertainty(  # P10–P90 from the model's held-out errors on similar public runs
+            gpu_profile=hw.profile.name, kind_gpu=hw.profile.kind == "gpu", trainer=req.trainer.name,
+            compiled=req.compile, nodes=hw.nodes, tokens_per_sec=tp.tokens_per_sec,
+            flat_mfu=req.mfu is not None or bool(hw.profile.mfu_curve) or hw.profile.speed is None,
+            hours=hours, usd_per_hour=usd_per_hour, total_tokens=tokens, tokens_per_step=tp.tokens_per_step,
+            limited_by=limited),
     )
 
 

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/public_runs.py [--out benchmarks/results/public_runs.md] [--baseline] [--runs FILE]
 
-For every row of benchmarks/public_runs/runs.yaml (49 public runs; benchmarks/public_runs/README.md) the row
+For every row of benchmarks/public_runs/runs.yaml (85 public runs; benchmarks/public_runs/README.md) the row
 adapter (benchmarks/public_runs/adapter.py) builds the planner's inputs, and the planner predicts the job's
 tokens/s and gives its fit verdict (fits / tight / does not fit) from the allocated peak it predicts. Printed:
 each row's predicted and measured tokens/s per GPU with the error (predicted / measured - 1), the verdict next
@@ -175,7 +175,7 @@ def run(runs_file: str | None, baseline: bool) -> tuple[list[Prediction], str, s
         "\n".join(summ) + "\n```\n"
 
 
-def write_md(path: Path, body: str, baseline: bool, today: str) -> None:
+def write_md(path: Path, body: str, baseline: bool, today: str, n_rows: int = 0) -> None:
     old = path.read_text(encoding="utf-8") if path.exists() else ""
     kept_base = old[old.index(BASELINE_MARK):] if BASELINE_MARK in old else ""
     kept_cur = old[:old.index(BASELINE_MARK)] if BASELINE_MARK in old else old
@@ -188,10 +188,13 @@ def write_md(path: Path, body: str, baseline: bool, today: str) -> None:
                      + section)
         cur = kept_cur or "# nanoplan against public GPU runs\n\n(no current section yet)\n\n"
     else:
-        cur = ("# nanoplan against public GPU runs\n\nPredicted against measured for the 49 public runs of "
+        cur = (f"# nanoplan against public GPU runs\n\nPredicted against measured for the {n_rows} public runs of "
                "benchmarks/public_runs/runs.yaml (sources in benchmarks/public_runs/README.md). The split into "
-               "calibration and held-out rows is fixed in the data file; fitted constants use calibration rows "
-               "only.\n\n## Current model\n\n" + section + "\n")
+               "calibration and held-out rows is fixed in the data file (issue 25's rows by hand, later rows by "
+               "SHA-256 of their id, benchmarks/public_runs/split.py); fitted constants use calibration rows only. "
+               "Rows marked (tp) await tensor parallelism in the planner: listed, but out of the fit and the "
+               "summaries. The P10-P90 lines check planner/uncertainty.py's bands, each row's band built without "
+               "its own error.\n\n## Current model\n\n" + section + "\n")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(cur + kept_base, encoding="utf-8")
     tmp.replace(path)
@@ -206,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     _, text, md = run(a.runs, a.baseline)
     print(text)
     if a.out:
-        write_md(a.out, md, a.baseline, dt.date.today().isoformat())
+        write_md(a.out, md, a.baseline, dt.date.today().isoformat(), n_rows=len(load_runs(a.runs)))
         print(f"wrote {a.out}")
     return 0
 

@@ -66,6 +66,8 @@ def _print(checks: list, trace: bool) -> None:
     if note:
         console.print(note, style="dim", highlight=False)
     for c in checks:
+        if c.band_line:
+            console.print(f"{c.path}: {c.band_line}", highlight=False)
         for p in c.problems:
             console.print(f"[red]{c.path}[/red]: {p}", highlight=False)
         for w in c.warnings:        # tight: a warning, not a failure (planner.fit_verdict)

@@ -32,6 +32,7 @@ from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
 from planner.trainers.launch_files import launch_argv
+from planner.uncertainty import plan_uncertainty
 from planner.units import fmt_bytes, fmt_count
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
@@ -189,7 +190,9 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     verdict = verdict_of(req, mem, hw)
     fit = verdict.runs       # plan.memory.fits: not refused (fits or tight); the verdict says which
     tr = trainer_for(req.trainer)
-    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu, variant=tr.step_variant(req) if tr is not None else None)
+    software = tr.step_software(spec, req.trainer, hw.profile) if tr is not None else None   # its attention kernel
+    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu, variant=tr.step_variant(req) if tr is not None else None,
+                                         software=software)
     usd_per_hour = g * hw.usd_per_gpu_hour
 
     if req.steps is not None:
@@ -282,6 +285,12 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                                       steps, ckpt_steps)),
         spot=spot,
         warnings=_warnings(req, hw, mem, fit, sched, N, limited) + (spot_warnings(req, spot) if spot else []),
+        uncertainty=plan_uncertainty(  # P10–P90 from the model's held-out errors on similar public runs
+            gpu_profile=hw.profile.name, kind_gpu=hw.profile.kind == "gpu", trainer=req.trainer.name,
+            compiled=req.compile, nodes=hw.nodes, tokens_per_sec=tp.tokens_per_sec,
+            flat_mfu=req.mfu is not None or bool(hw.profile.mfu_curve) or hw.profile.speed is None,
+            hours=hours, usd_per_hour=usd_per_hour, total_tokens=tokens, tokens_per_step=tp.tokens_per_step,
+            limited_by=limited),
     )
 
 

@@ -178,6 +178,7 @@ def records(cmp: Comparison) -> list[dict[str, Any]]:
             "epochs": round(c.epochs, 3) if c and c.epochs is not None else None,
             "loss": round(c.loss, 4) if c else None,
             "usd": round(c.usd, 2) if c else None,
+            **_band_fields(cmp, r),
             "ref_hours": round(r.ref_hours, 4) if r.ref_hours is not None else None,
             "ref_usd": round(r.ref_usd, 2) if r.ref_usd is not None else None,
             "best": r.is_best,
@@ -186,6 +187,32 @@ def records(cmp: Comparison) -> list[dict[str, Any]]:
             "note": r.note,
         }
         out.append(d)
+    return out
+
+
+def _band(cmp: Comparison, r: Row) -> Any:
+    """The row's P10–P90 band (planner/uncertainty.py), or None."""
+    from planner.uncertainty import hardware_band  # noqa: PLC0415
+
+    if r.hw is None or r.best is None:
+        return None
+    compiled = r.hw.profile.kind == "gpu" if cmp.settings.compile is None else cmp.settings.compile
+    return hardware_band(r.hw, trainer=None, compiled=compiled, mfu=cmp.settings.mfu)
+
+
+def _band_fields(cmp: Comparison, r: Row) -> dict[str, Any]:
+    """P10/P90 of the row's tokens/s and of its tokens, hours and dollars (those its length rule leaves open)."""
+    from planner.uncertainty import band_bounds  # noqa: PLC0415
+
+    b, c = _band(cmp, r), r.best
+    steps = cmp.length.steps is not None
+    out: dict[str, Any] = {"band_runs": b.runs if b else 0, "band_basis": b.basis if b else None}
+    for name, value, inv, fixed in (("tokens_per_sec", c.tokens_per_sec if c else None, False, False),
+                                    ("tokens", c.tokens if c else None, False, steps),
+                                    ("hours", c.hours if c else None, True, not steps),
+                                    ("usd", c.usd if c else None, True, not steps)):
+        lo_hi = None if fixed else band_bounds(b, value, inv)
+        out[f"{name}_p10"], out[f"{name}_p90"] = (round(lo_hi[0], 4), round(lo_hi[1], 4)) if lo_hi else (None, None)
     return out
 
 
@@ -242,14 +269,17 @@ def prices_used(cmp: Comparison) -> str:
 def caption(cmp: Comparison) -> str:
     length = (f"${cmp.length.budget_usd:,.0f} budget" if cmp.length.budget_usd is not None else
               f"{cmp.length.hours:g} h" if cmp.length.hours is not None else f"{cmp.length.steps:,} steps")
+    varying = "hours and cost" if cmp.length.steps is not None else "tokens"
     return (f"★ best by '{cmp.objective}' at {length}, {prices_used(cmp)}. $ cheapest and » fastest to train "
-            f"{ref_label(cmp)} (ref $, ref h), each with its fastest settings. {cmp.evaluated:,} candidates in "
+            f"{ref_label(cmp)} (ref $, ref h), each with its fastest settings. P10–P90: of {varying}, from the "
+            f"model's held-out errors on similar public runs ('-': none comparable). {cmp.evaluated:,} candidates in "
             f"{cmp.seconds * 1000:.0f} ms.")
 
 
 # Display columns: (name, priority for fit_table, left-justified). Priority 0 always shows.
 COLUMNS = (("", 0, True), ("GPUs", 0, True), ("model", 0, True), ("tokens", 0, False), ("hours", 0, False),
-           ("cost", 0, False), ("loss", 0, False), ("price", 1, True), ("ref h", 2, False), ("ref $", 2, False),
+           ("cost", 0, False), ("loss", 0, False), ("P10–P90", 1, False), ("price", 1, True), ("ref h", 2, False),
+           ("ref $", 2, False),
            ("tokens/s", 3, False), ("epochs", 3, False), ("strategy", 4, True), ("micro×acc", 5, False),
            ("VRAM/GPU", 5, False), ("GPU spec", 6, True))
 
@@ -281,6 +311,10 @@ def display_rows(cmp: Comparison) -> list[dict[str, str]]:
                 "epochs": f"{c.epochs:.1f}" if ds and c.epochs is not None else "-", "loss": f"{c.loss:.3f}",
                 "cost": _usd(c.usd),
             })
+        if c is not None:
+            from planner.uncertainty import relative_span  # noqa: PLC0415
+
+            d["P10–P90"] = relative_span(_band(cmp, r), cmp.length.steps is not None)
         d["ref h"] = f"{r.ref_hours:.1f}" if r.ref_hours is not None else "-"
         d["ref $"] = _usd(r.ref_usd) if r.ref_usd is not None else "-"
         if not ds:

@@ -10,11 +10,13 @@
   at TF32: the same efficiency against tf32_tflops.
 - attention FLOPs: what causal flash attention computes, 7·T·q per token and layer (forward 2·T·q, half of the
   4·T·q score and value matmuls under the causal mask; backward 2.5 × forward: it recomputes the scores), plus
-  the forward again in a fully checkpointed block. Rate: the GPU's flash-attention rate (profile
-  `speed.attention_tflops`, cited: FlashAttention-2's published forward + backward TFLOP/s) × `attention_efficiency`.
+  the forward again in a fully checkpointed block; sliding windows scale it by their span (planner/kernels.py).
+  Rate: the GPU's flash-attention rate (profile `speed.attention_tflops`, cited: FlashAttention-2's published
+  forward + backward TFLOP/s) × the kernel the software runs, relative to FA2 (planner/kernels.py: cited, e.g.
+  cuDNN 1.6× and FlashAttention-3 1.73× on Hopper) × `attention_efficiency`.
 - element-wise work (norms, activations, residual adds, rotary, casts, the loss): memory-bound, at the profile's
-  HBM bandwidth × HBM_EFFICIENCY. A block moves `elementwise_eager` (eager) or `elementwise_compiled`
-  (torch.compile) bytes per byte it saves for backward (memory_eager.layer_activation_bytes,
+  HBM bandwidth × HBM_EFFICIENCY. A block moves `elementwise` (eager) or `elementwise_compiled` (torch.compile's
+  fused kernels, fitted apart) bytes per byte it saves for backward (memory_eager.layer_activation_bytes,
   memory_compiled.block_per_token): the saved tensors are what its kernels write, and read back in backward. The
   loss's logit-wide passes are counted directly (`loss_bytes_per_token`); FP8's casts too (`fp8_cast_bytes`).
 
@@ -28,6 +30,7 @@ from functools import lru_cache
 
 from planner.checkpointing import checkpointed_blocks, recompute_attention_share, recomputed_matmul_params
 from planner.counts import matmul_params, matrix_params
+from planner.kernels import StepSoftware, kernel_speedup, runner_software, seq_len_factor
 from planner.memory_compiled import block_per_token
 from planner.memory_eager import layer_activation_bytes
 from planner.memory_terms import F32, Precision, dims, precision_bytes
@@ -37,6 +40,11 @@ from planner.speed_constants import DEFAULT, SpeedConstants
 
 HBM_EFFICIENCY = 0.9     # achieved / nominal HBM bandwidth: device-to-device copies measured at 3.0 of 3.35 TB/s
                          # on H100 and 4.3 of 4.8 TB/s on H200 (docs/sources.md §4)
+UNALIGNED_HEAD_SLOWDOWN = 2.0   # the output head's GEMMs when the vocabulary is not a multiple of 8 (odd leading
+                                # dimensions take cuBLAS's slow, non-tensor-core-aligned path): karpathy/nanoGPT@77e7e04c
+                                # "padding 50257 -> 50304 ... about 25% faster ... the last layer ... consuming about 40%
+                                # of latency": the head went from 0.4 to 0.2 of the old step, 2x
+HEAD_ALIGN = 8                  # elements: bf16 tensor-core GEMMs want dimensions that are multiples of 8
 FP8_CAST_BYTES_EAGER = 6     # per element of a linear's input and of its output grad: amax (read 2), cast (read 2,
 FP8_CAST_BYTES_COMPILED = 4  # write 1), transposed fp8 copy for the weight grad (write 1); compiled, the amax is
                              # fused into the producing kernel (torchao float8 tensorwise recipe)
@@ -46,7 +54,8 @@ FP8_CAST_BYTES_COMPILED = 4  # write 1), transposed fp8 copy for the weight grad
 class StepVariant:
     """Where another trainer's step computes differently from the runner's (planner/trainers/ supplies it;
     None: the runner's step). `attention_keys`: the keys each layer's queries attend (sliding windows, as
-    nanochat's `--window-pattern`; () for the full sequence in every layer). `fp8_head`: with FP8, the output head's
+    nanochat's `--window-pattern`; () for the full sequence in every layer), for the PaLM count of FLOPs; the time
+    they save is the attention span of the trainer's StepSoftware (planner/kernels.py). `fp8_head`: with FP8, the output head's
     three matmuls run in FP8 too, and cast their input and output widths (nanochat converts lm_head; torchtitan's
     float8 filter keeps it bf16, the runner's assumption)."""
 
@@ -58,14 +67,6 @@ class StepVariant:
         if not self.attention_keys:
             return spec.n_layer * spec.seq_len
         return sum(min(w, spec.seq_len) for w in self.attention_keys)
-
-    def causal_keys(self, spec: ModelSpec) -> float:
-        """Σ over layers of twice the keys a query attends on average under the causal mask (n_layer·seq_len without
-        windows): a window w of T attends w − w²/2T keys on average, T/2 when w = T."""
-        T = spec.seq_len
-        if not self.attention_keys:
-            return float(spec.n_layer * T)
-        return sum(2.0 * min(w, T) - min(w, T) ** 2 / T for w in self.attention_keys)
 
     def palm_flops_delta(self, spec: ModelSpec) -> int:
         """What the windows take off the PaLM count of FLOPs per token (planner.counts.flops_per_token): ≤ 0."""
@@ -103,6 +104,20 @@ def matmul_rate(prof: HardwareProfile, precision: str, fp8: bool = False, k: Spe
     if precision == "fp32":
         return base * prof.tf32_tflops / prof.bf16_tflops
     return base
+
+
+def attention_rate(prof: HardwareProfile, software: StepSoftware, seq_len: int, k: SpeedConstants = DEFAULT) -> float:
+    """FLOP/s causal attention reaches: the GPU's FlashAttention-2 rate × the kernel's cited speed-up × the cited
+    sequence-length curve × the fitted attention_efficiency."""
+    if prof.speed is None:
+        raise ValueError(f"{prof.name} has no speed section")
+    speedup = kernel_speedup(software.attention, prof.speed.architecture, k.triton_attention)
+    return prof.speed.attention_tflops * 1e12 * speedup * seq_len_factor(seq_len) * k.attention_efficiency
+
+
+def elementwise_factor(compiled: bool, k: SpeedConstants = DEFAULT) -> float:
+    """HBM bytes of a block's element-wise kernels per byte it saves: eager, or torch.compile's fused kernels."""
+    return k.elementwise_compiled if compiled else k.elementwise
 
 
 def loss_bytes_per_token(spec: ModelSpec, precision: Precision, compiled: bool) -> float:
@@ -149,24 +164,29 @@ def _block_elementwise_bytes(spec: ModelSpec, precision: Precision, compiled: bo
 
 def compute_terms(spec: ModelSpec, prof: HardwareProfile, *, precision: Precision, compiled: bool, ac: bool,
                   ac_every: int = 1, ac_policy: str = "full", fp8: bool = False,
-                  k: SpeedConstants = DEFAULT, variant: StepVariant | None = None) -> ComputeTerms:
+                  k: SpeedConstants = DEFAULT, variant: StepVariant | None = None,
+                  software: StepSoftware | None = None) -> ComputeTerms:
     """Seconds per token of one GPU's forward and backward (module docstring), without the chunked loss's
     recompute (throughput.loss_recompute_flops_per_token, added per micro-batch). `variant`: another trainer's
-    step (StepVariant), None for the runner's."""
+    step (StepVariant: the keys its PaLM count takes, an FP8 head), None for the runner's. `software`: the attention
+    kernel and span the trainer runs (planner/kernels.py; None: nanoplan's runner); the span is what its sliding
+    windows take off the attention time."""
+    sw = software or runner_software(prof)
     L, T = spec.n_layer, spec.seq_len
     v = variant or StepVariant()
     q = spec.n_head * spec.head_dim
     n_ck = checkpointed_blocks(L, ac, ac_every)
     re_mm = 2.0 * n_ck * recomputed_matmul_params(spec, ac_policy) if n_ck else 0.0
     head_mm = 6.0 * (matmul_params(spec) - matrix_params(spec))           # the output head (bf16 under fp8)
+    if spec.vocab_size % HEAD_ALIGN:
+        head_mm *= UNALIGNED_HEAD_SLOWDOWN
     block_mm = 6.0 * matrix_params(spec) + re_mm
     mm_s = (head_mm / matmul_rate(prof, precision, fp8 and v.fp8_head, k)
             + block_mm / matmul_rate(prof, precision, fp8, k))
-    attn = L * 7.0 * T * q if not v.attention_keys else 7.0 * v.causal_keys(spec) * q
-    attn_flops = attn + n_ck * recompute_attention_share(ac, ac_policy) * 2.0 * T * q
-    attn_s = attn_flops / (prof.speed.attention_tflops * 1e12 * k.attention_efficiency)  # type: ignore[union-attr]
+    attn_flops = (L * 7.0 * T * q + n_ck * recompute_attention_share(ac, ac_policy) * 2.0 * T * q) * sw.attention_span
+    attn_s = attn_flops / attention_rate(prof, sw, T, k)
     per_block = _block_elementwise_bytes(spec, precision, compiled)
-    elem = k.elementwise * per_block * (L + n_ck / 3.0)        # a re-run forward is about a third of a block's traffic
+    elem = elementwise_factor(compiled, k) * per_block * (L + n_ck / 3.0)   # a re-run forward: ~1/3 of a block's traffic
     elem += loss_bytes_per_token(spec, precision, compiled)
     if fp8:
         elem += fp8_cast_bytes(spec, compiled)

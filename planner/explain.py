@@ -46,7 +46,15 @@ def runners_up_table(result: SearchResult, top: int, width: int | None = None) -
                       else f"{c.hours:.2g}", f"${c.usd:,.0f}" if c.usd >= 10 else f"${c.usd:,.2f}", f"{c.loss:.4f}"])
     return fit_table(cols, cells, width, title=f"Best run of each model by '{result.objective}'{spend} "
                      f"(winner and {len(rows) - 1} runners-up)", styles=["bold green"] + [None] * (len(rows) - 1),
-                     caption=loss_caption(result))
+                     caption=" ".join(x for x in (loss_caption(result), _band_caption(result)) if x))
+
+
+def _band_caption(result: SearchResult) -> str:
+    """How sure the speed figures are (planner/uncertainty.py), one line."""
+    from planner.uncertainty import band_note  # noqa: PLC0415
+
+    return band_note(result.hw, trainer=None, compiled=result.compiled, by_steps=result.length.steps is not None,
+                     mfu=result.settings.mfu)
 
 
 def _vocab(result: SearchResult) -> int:

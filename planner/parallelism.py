@@ -15,10 +15,14 @@ every block's critical path, over NVLink), and the heads, key/value heads and ML
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from planner.errors import PlanError
 from planner.plan import PlanRequest
 from planner.profiles import Hardware
-from planner.trainers import Trainer
+
+if TYPE_CHECKING:      # a type only: planner/trainers/launch_files.py imports this module's degrees
+    from planner.trainers import Trainer
 
 RUNNER_STRATEGIES = ("ddp", "zero1", "zero2", "fsdp")     # runner/parallel.py STRATEGIES
 

@@ -287,6 +287,24 @@ class SpotPlan(_Strict):
     seed: int = Field(ge=0)
 
 
+Bound = Annotated[float, Field(ge=0, **Finite)]
+
+
+class UncertaintyPlan(_Strict):
+    """P10–P90 of the speed-driven figures, from the step-time model's held-out errors on the public runs most like
+    this plan (planner/uncertainty.py). A figure the length rule fixes (hours and dollars under a budget, tokens
+    under --steps) has no band; none at all where too few comparable runs exist (`basis` says why)."""
+
+    basis: str                                   # "14 public runs on H100/H200, compiled, single node", or why none
+    runs: int = Field(ge=0)
+    tokens_per_sec: tuple[Bound, Bound] | None = None
+    hours: tuple[Bound, Bound] | None = None
+    tokens: tuple[NonNegInt, NonNegInt] | None = None
+    usd: tuple[Bound, Bound] | None = None
+    # how likely the plan's steps finish within its budget or hours (under --steps: within the planned hours)
+    finish_probability: float | None = Field(default=None, ge=0, le=1, **Finite)
+
+
 class LaunchPlan(_Strict):
     run_dir: str
     command: list[str]
@@ -306,6 +324,7 @@ class Plan(_Strict):
     launch: LaunchPlan
     spot: SpotPlan | None = None
     warnings: list[str] = []
+    uncertainty: UncertaintyPlan | None = None   # absent in plans written before issue 29
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
@@ -364,7 +383,7 @@ def load_plan(path: str | Path) -> Plan:
 
 # --------------------------------------------------------------------------- identity
 
-UNTRAINED = ("launch", "created_by", "warnings")   # top-level fields that do not change what a plan trains
+UNTRAINED = ("launch", "created_by", "warnings", "uncertainty")   # top-level fields that do not change what a plan trains
 
 
 def trained_fields(doc: dict[str, Any]) -> dict[str, Any]:

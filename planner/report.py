@@ -8,6 +8,7 @@ from rich.text import Text
 
 from planner.plan import Plan, ThroughputPlan
 from planner.trainers import strategy_label
+from planner.uncertainty import inner, odds_words, suffix
 from planner.units import fmt_bytes, fmt_count
 
 
@@ -62,16 +63,20 @@ def plan_tables(plan: Plan) -> Group:
         ("settings", f"{tr.precision}, {tr.optimizer}, {strategy_label(plan.request.trainer, tr.strategy)}, "
                      "activation checkpointing "
                      f"{'on' if tr.activation_checkpointing else 'off'}, compile {'on' if tr.compile else 'off'}"),
-        ("tokens/s", f"{tp.tokens_per_sec:,.0f} (MFU {tp.mfu:.0%} assumed, {tp.effective_mfu:.0%} effective)"),
+        ("tokens/s", f"{tp.tokens_per_sec:,.0f} ({_band(plan, 'tokens_per_sec')}MFU {tp.mfu:.0%} assumed, "
+                     f"{tp.effective_mfu:.0%} effective)"),
+        ("odds", odds_words(plan.uncertainty, b.limited_by, s.total_tokens)),
         ("step time", _step_time(tp)),
     ])
     epochs = f"{s.epochs:.2f} over {fmt_count(s.dataset_tokens or 0)} tokens" if s.epochs is not None else "n/a (no --dataset-tokens)"
     bud = _kv("Budget and schedule", [
         ("price", f"${hw.usd_per_gpu_hour:.2f}/GPU-h from {hw.provider} ({hw.price_date}); ${b.usd_per_hour:.2f}/h"),
-        ("length", f"{_hours(b.hours)}, ${b.usd:,.2f} (set by {b.limited_by}"
+        ("length", f"{_hours(b.hours)}{suffix(plan.uncertainty, 'hours')}, ${b.usd:,.2f}"
+                   f"{suffix(plan.uncertainty, 'usd')} (set by {b.limited_by}"
                    + (f": stops at {plan.request.max_epochs:g} epochs" if b.limited_by == "epochs" else "") + ")"),
         ("steps", f"{s.total_steps:,}"),
-        ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}), {s.tokens_per_param:.1f} tokens/param"),
+        ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}{suffix(plan.uncertainty, 'tokens')}), "
+                   f"{s.tokens_per_param:.1f} tokens/param"),
         ("epochs", epochs),
         ("checkpoints", f"every {s.checkpoint_every_minutes:g} min ≈ {s.checkpoint_every_steps:,} steps; "
                         f"{s.num_checkpoints} in all, {fmt_bytes(s.checkpoint_bytes)} each"),
@@ -104,6 +109,12 @@ def _usd(x: float) -> str:
     return f"${x:,.0f}" if x >= 10 else f"${x:,.2f}"
 
 
+def _band(plan: Plan, figure: str) -> str:
+    """'P10–P90 252k–360k, ' to open a figure's parentheses, '' without a band."""
+    s = inner(plan.uncertainty, figure)
+    return f"{s}, " if s else ""
+
+
 def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     """The answer on one screen: model and length, batch and settings, speed and cost, memory, disk."""
     hw, m, tr, mem, tp, b, s = (plan.hardware, plan.model, plan.training, plan.memory, plan.throughput, plan.budget,
@@ -116,12 +127,14 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     ac = "checkpointing on" if tr.activation_checkpointing else "checkpointing off"
     return [
         ("model", f"{m.name} ({spec.style}), {fmt_count(m.n_params)} params"),
-        ("tokens", f"{fmt_count(s.total_tokens)} = {s.tokens_per_param:.1f} tokens/param{epochs}, "
-                   f"{s.total_steps:,} steps"),
+        ("tokens", f"{fmt_count(s.total_tokens)}{suffix(plan.uncertainty, 'tokens')} = "
+                   f"{s.tokens_per_param:.1f} tokens/param{epochs}, {s.total_steps:,} steps"),
         ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {hw.num_gpus} GPUs = "
                   f"{s.tokens_per_step:,} tokens/step; {strategy_label(plan.request.trainer, tr.strategy)}, {ac}"),
-        ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s (MFU {tp.mfu:.0%}), {_hours(b.hours)}{stop}"),
-        ("cost", f"{_usd(b.usd)} at {price}"),
+        ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s ({_band(plan, 'tokens_per_sec')}MFU {tp.mfu:.0%}), "
+                  f"{_hours(b.hours)}{suffix(plan.uncertainty, 'hours')}{stop}"),
+        ("cost", f"{_usd(b.usd)}{suffix(plan.uncertainty, 'usd')} at {price}"),
+        ("odds", odds_words(plan.uncertainty, b.limited_by, s.total_tokens)),
         ("memory", f"{fmt_bytes(mem.per_gpu_bytes)} of {fmt_bytes(mem.capacity_bytes)} per GPU "
                    f"({mem.per_gpu_bytes / mem.capacity_bytes:.0%}): {verdict_}"),
         ("disk", f"{fmt_bytes(s.storage_bytes)} of checkpoints at peak (keep last {s.keep_last} + best + 1 "

@@ -49,6 +49,7 @@ from dataclasses import dataclass, replace
 from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token, recompute_policy
 from planner.compute_model import ComputeTerms, StepVariant, compute_terms, hbm_rate, matmul_rate
 from planner.counts import flops_per_token, matrix_params, n_params
+from planner.kernels import StepSoftware
 from planner.memory_terms import StepConfig, precision_bytes
 from planner.profiles import Hardware, HardwareProfile
 from planner.spec import ModelSpec
@@ -378,10 +379,11 @@ class StepModel:
                  compiled: bool, loss_chunk_tokens: int, tokens_per_step: int, mfu: float | None = None,
                  fp8: bool = False, reduce_dtype: str | None = None, ac_every: int = 1, ac_policy: str = "full",
                  k: SpeedConstants = DEFAULT, variant: StepVariant | None = None, tp: int = 1,
-                 hsdp_shard: int = 0) -> None:
+                 hsdp_shard: int = 0, software: StepSoftware | None = None) -> None:
         prof = hw.profile
         self.spec, self.hw, self.k = spec, hw, k
         self.variant = variant          # another trainer's step (compute_model.StepVariant); None: the runner's
+        self.software = software         # the trainer's attention kernel and span (planner/kernels.py); None: runner
         self.g = hw.num_gpus
         self.gpu = prof.kind == "gpu"
         self.fp8 = bool(fp8 and self.gpu and prof.speed is not None and prof.speed.fp8_matmul_tflops)
@@ -430,7 +432,7 @@ class StepModel:
             if self.flat is None:
                 t = compute_terms(self.spec, self.hw.profile, precision=self.precision, compiled=self.compiled,  # type: ignore[arg-type]
                                   ac=ac, ac_every=self.ac_every, ac_policy=self.ac_policy, fp8=self.fp8, k=self.k,
-                                  variant=self.variant)
+                                  variant=self.variant, software=self.software)
             else:
                 hw_flops = flops_per_token(self.spec) + recompute_flops_per_token(self.spec, ac, self.ac_every,
                                                                                   self.ac_policy)
@@ -475,8 +477,10 @@ class StepModel:
 
 
 def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
-                        k: SpeedConstants = DEFAULT, variant: StepVariant | None = None) -> Throughput:
-    """The step's time and rates; `variant`: another trainer's step (compute_model.StepVariant), None: the runner's."""
+                        k: SpeedConstants = DEFAULT, variant: StepVariant | None = None,
+                        software: StepSoftware | None = None) -> Throughput:
+    """The step's time and tokens/s; `variant`: another trainer's step (compute_model.StepVariant), `software`: its
+    attention kernel and span (planner/kernels.py); None for nanoplan's runner."""
     spec = cfg.spec
     g = hw.num_gpus
     micro_tokens = cfg.device_batch_size * spec.seq_len
@@ -484,7 +488,7 @@ def estimate_throughput(cfg: StepConfig, hw: Hardware, mfu: float | None = None,
     sm = StepModel(spec, hw, precision=cfg.precision, optimizer=cfg.optimizer, strategy=cfg.strategy,
                    compiled=cfg.compile, loss_chunk_tokens=cfg.loss_chunk_tokens, tokens_per_step=tokens, mfu=mfu,
                    fp8=cfg.fp8, reduce_dtype=cfg.reduce_dtype, ac_every=cfg.ac_every, ac_policy=recompute_policy(cfg), k=k,
-                   variant=variant, tp=cfg.tp, hsdp_shard=cfg.hsdp_shard)
+                   variant=variant, tp=cfg.tp, hsdp_shard=cfg.hsdp_shard, software=software)
     compute, loss_s, t = sm.compute_seconds(cfg.device_batch_size, cfg.activation_checkpointing)
     step = sm.seconds(cfg.device_batch_size, cfg.grad_accum_steps, cfg.activation_checkpointing)
     micro = micro_step_seconds(sm.costs, cfg.grad_accum_steps, micro_tokens, cfg.loss_chunk_tokens,

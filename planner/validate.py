@@ -17,6 +17,7 @@ from planner.memory_terms import StepConfig
 from planner.plan import Plan, load_plan
 from planner.profiles import builtin_profiles
 from planner.trainers import trainer_for
+from planner.uncertainty import plan_line
 from planner.units import fmt_bytes
 
 TRACE_TOLERANCE = 0.03          # analytic vs traced allocated peak (benchmarks/results/memory_accuracy.md)
@@ -55,6 +56,9 @@ class PlanCheck:
     trace_seconds: float | None = None
     problems: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)   # tight: printed, not a failure
+    # the re-derived plan's P10–P90 band (plan.json `uncertainty`) and its figures on one line (planner/uncertainty.py)
+    uncertainty: dict[str, Any] | None = None
+    band_line: str = ""
 
     @property
     def ok(self) -> bool:
@@ -108,7 +112,9 @@ def check_plan(plan: Plan, path: str, *, headroom: float = DEFAULT_HEADROOM, tra
         problems.append(f"does not fit: {v.reason} ({hw.profile.name}, {headroom:.0%} headroom); {v.advice}")
     check = PlanCheck(path=path, name=fresh.model.name, gpu=fresh.hardware.spec, fits=v.runs, consistent=consistent,
                       analytic_peak_bytes=mem.allocated_peak, per_gpu_bytes=mem.total, capacity_bytes=capacity,
-                      headroom=headroom, verdict=v.verdict, problems=problems, warnings=warnings)
+                      headroom=headroom, verdict=v.verdict, problems=problems, warnings=warnings,
+                      uncertainty=fresh.uncertainty.model_dump(mode="json") if fresh.uncertainty else None,
+                      band_line=plan_line(fresh))
     if tracer is not None and trainer_for(fresh.request.trainer) is not None:
         check.trace_note = (f"not traced: --trace runs nanoplan's runner step, and this plan models "
                             f"{fresh.request.trainer.name}'s")

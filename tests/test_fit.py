@@ -57,9 +57,10 @@ def test_the_choice_is_the_fastest_fitting_setting() -> None:
                 if comfortable(p):   # the verdict "fits": what the planner chooses
                     best_tokens = max(best_tokens, p.schedule.total_tokens)
     assert plan.schedule.total_tokens == best_tokens
-    # compiled (GPU plans): zero2 fits micro-batch 4; fsdp at 4 is 1.0% slower (throughput.py)
+    # compiled (GPU plans), the step model as refitted in issue 29 (more of each collective exposed): zero1 at
+    # micro-batch 2 beats zero2/fsdp's per-micro-step gathers (throughput.py)
     assert (plan.training.strategy, plan.training.activation_checkpointing, plan.training.device_batch_size) == \
-        ("zero2", False, 4)
+        ("zero1", False, 2)
 
 
 def test_a_model_that_fits_under_ddp_gets_zero1_at_no_cost() -> None:

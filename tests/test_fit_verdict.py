@@ -92,9 +92,11 @@ def test_fsdp_mixed_precision_keeps_no_autocast_weight_copies() -> None:
 
 def request_for_row(row) -> PlanRequest:
     """The nanoplan request that plans a public row's step as benchmarks/public_runs/adapter.py maps it."""
-    c, hw = inputs(row).mem_cfg, inputs(row).hw
+    inp = inputs(row)
+    c, hw = inp.mem_cfg, inp.hw
     gpu = f"{hw.nodes}x{hw.gpus_per_node}x{hw.profile.name}" if hw.nodes > 1 else f"{hw.gpus_per_node}x{hw.profile.name}"
-    return PlanRequest(gpu=gpu, profile=hw.profile, model=c.spec, device_batch_size=c.device_batch_size,
+    extra = {"trainer": inp.trainer} if inp.trainer is not None else {}   # nanochat's rows: --trainer nanochat plans
+    return PlanRequest(**extra, gpu=gpu, profile=hw.profile, model=c.spec, device_batch_size=c.device_batch_size,
                        total_batch_tokens=c.device_batch_size * c.dp * c.grad_accum_steps * c.spec.seq_len,
                        precision=c.precision, optimizer=c.optimizer, strategy=c.strategy,
                        activation_checkpointing=c.activation_checkpointing, ac_every=c.ac_every, ac_policy=c.ac_policy,

@@ -29,7 +29,8 @@ def test_batch_and_hardware_are_the_rows(row) -> None:
     assert inp.cfg.device_batch_size == row.micro_batch_per_gpu
     if row.global_batch_seqs:
         assert inp.cfg.device_batch_size * inp.cfg.dp * inp.cfg.grad_accum_steps == row.global_batch_seqs
-    assert inp.cfg.compile == row.compile
+    assert inp.mem_cfg.compile == row.compile
+    assert inp.cfg.compile == (row.compile or row.fused_elementwise)     # the speed: fused kernels count as compiled
     assert inp.cfg.activation_checkpointing == (row.activation_checkpointing != "none")
 
 
@@ -44,15 +45,16 @@ def test_two_measures_of_one_speed_agree() -> None:
 
 
 def test_heldout_speed_error_and_verdicts() -> None:
-    """Issue 25's bar, on rows no constant was fitted to: held-out median |tokens/s error| <= 10%, and no wrong
-    fit verdict on any row whose outcome is known (benchmarks/public_runs.py prints the same numbers)."""
+    """On rows no constant was fitted to: held-out median |tokens/s error| <= 7% (6.4% measured, 2026-11-27; issue
+    29 asks for 5%, not reached: benchmarks/results/public_runs.md), and no wrong fit verdict on any row whose
+    outcome is known (benchmarks/public_runs.py prints the same numbers). Rows awaiting tensor parallelism are out."""
     import statistics
 
     from benchmarks.public_runs.adapter import predict
 
-    preds = [predict(r) for r in RUNS]
+    preds = [predict(r) for r in RUNS if r.awaits is None]
     held = [abs(p.error) for p in preds if p.row.split == "heldout" and p.error is not None]
-    assert len(held) == 15 and statistics.median(held) <= 0.10
+    assert len(held) == 26 and statistics.median(held) <= 0.07
     assert all(p.verdict_ok for p in preds)
 
 
@@ -67,6 +69,8 @@ def test_each_profiles_public_check_is_what_the_benchmark_measures() -> None:
 
     errors: dict[str, list[float]] = defaultdict(list)
     for r in load_runs():
+        if r.awaits is not None:          # kept out of the error tables until the planner can express them
+            continue
         p = predict(r)
         if p.error is not None:
             errors[r.gpu].append(p.error)
@@ -90,11 +94,16 @@ def test_a_gpu_whose_speed_is_off_says_so_in_the_plan_and_in_compare() -> None:
     def plan(gpu: str):  # noqa: ANN202
         return build_plan(PlanRequest(gpu=f"8x{gpu}", profile=find_profile(gpu), model=nanochat(20), hours=1.0))
 
-    assert any(w.startswith("speed unproven on B200: predicted tokens/s +69% vs its 2 public runs (") and
+    assert any(w.startswith("speed unproven on B200: predicted tokens/s +93% vs its 2 public runs (") and
                w.endswith("this plan is optimistic") for w in plan("B200").warnings)
-    assert any(w.startswith("speed unproven on H200: predicted tokens/s -19% vs its 2 public runs")
-               and w.endswith("pessimistic") for w in plan("H200").warnings)
-    assert not any(w.startswith("speed unproven") for w in plan("H100").warnings + plan("A100-80GB").warnings)
+    assert not any(w.startswith("speed unproven") for w in plan("H100").warnings + plan("A100-80GB").warnings
+                    + plan("H200").warnings)     # H200: -3% since issue 29 (kernels, Grand Teton compute)
+    slow = find_profile("H200")
+    slow = slow.model_copy(update={"speed": slow.speed.model_copy(update={"public_check": slow.speed.public_check
+                                   .model_copy(update={"median_ratio": 0.8})})})
+    warned = build_plan(PlanRequest(gpu="8xH200", profile=slow, model=nanochat(20), hours=1.0)).warnings
+    assert any(w.startswith("speed unproven on H200: predicted tokens/s -20% vs its 2 public runs")
+               and w.endswith("pessimistic") for w in warned)
     cmp = compare(["8xB200", "8xH100"], depth_ladder(), Length(budget_usd=1000))
     notes = {r.gpu: r.note for r in cmp.rows}
-    assert notes == {"8xB200": "tokens/s +69% vs its 2 public runs", "8xH100-SXM": ""}
+    assert notes == {"8xB200": "tokens/s +93% vs its 2 public runs", "8xH100-SXM": ""}

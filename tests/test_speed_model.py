@@ -3,7 +3,8 @@
 - matmuls: 6 FLOPs per matmul weight per token (PaLM appendix B) at the profile's cited MAMF × the fitted
   efficiency; FP8 only for the blocks' linears and only where the GPU has FP8;
 - attention: causal flash attention's FLOPs, forward 2·T·q per token and layer (half of 4·T·q under the mask) and
-  backward 2.5× the forward (FlashAttention-2, Dao 2023, §3: the backward recomputes the scores);
+  backward 2.5× the forward (FlashAttention-2, Dao 2023, §3: the backward recomputes the scores), at the kernel's
+  cited rate (planner/kernels.py: FA3 paper figures for cuDNN, FA3 and the sequence-length curve);
 - element-wise work: the bytes the memory model says a block saves, at the profile's HBM bandwidth;
 - activation checkpointing re-runs what the policy leaves out (planner/checkpointing.py);
 - multi-node rings run at min(NVLink, GPUs per node × NIC);
@@ -17,6 +18,7 @@ import pytest
 from planner.checkpointing import checkpointed_blocks, recompute_flops_per_token, recomputed_matmul_params
 from planner.compute_model import HBM_EFFICIENCY, compute_terms, loss_bytes_per_token
 from planner.counts import matmul_params, matrix_params
+from planner.kernels import StepSoftware
 from planner.memory_compiled import block_per_token
 from planner.memory_eager import layer_activation_bytes
 from planner.memory_terms import StepConfig, dims
@@ -33,7 +35,15 @@ def test_matmul_attention_and_elementwise_terms() -> None:
     assert t.matmul == pytest.approx(6 * matmul_params(spec) / rate, rel=1e-12)
     q, T, L = 1280, 2048, 20
     attn = L * (2 * T * q + 2.5 * 2 * T * q)                         # causal forward + 2.5 x backward
-    assert t.attention == pytest.approx(attn / (335e12 * DEFAULT.attention_efficiency), rel=1e-12)
+    # the runner on H100 runs cuDNN's attention (torch 2.13): FA3 paper Fig. 5/6 at 2k, FA2 298/291 and cuDNN 484/465
+    # TFLOP/s forward/backward, FA2 at 2k is 0.90 of its 16k rate (335 TFLOP/s is FA2's long-sequence H100 figure)
+    fwd_bwd = lambda f, b: 1 / (2 / 7 / f + 5 / 7 / b)  # noqa: E731
+    cudnn_2k = 335e12 * fwd_bwd(484, 465) / fwd_bwd(335, 322)
+    assert t.attention == pytest.approx(attn / (cudnn_2k * DEFAULT.attention_efficiency), rel=1e-12)
+    fa2 = compute_terms(spec, prof, precision="bf16-autocast", compiled=False, ac=False,
+                        software=StepSoftware(attention="fa2"))
+    assert fa2.attention == pytest.approx(attn / (335e12 * fwd_bwd(298, 291) / fwd_bwd(335, 322)
+                                                  * DEFAULT.attention_efficiency), rel=1e-12)
     hbm = 3.35e12 * HBM_EFFICIENCY
     elem = DEFAULT.elementwise * L * layer_activation_bytes(spec, "bf16-autocast") + \
         loss_bytes_per_token(spec, "bf16-autocast", False)
@@ -41,6 +51,8 @@ def test_matmul_attention_and_elementwise_terms() -> None:
     c = compute_terms(spec, prof, precision="bf16-autocast", compiled=True, ac=False)
     per_block = block_per_token(dims(spec, "bf16-autocast"))
     assert per_block < layer_activation_bytes(spec, "bf16-autocast")  # fused kernels keep fewer intermediates
+    celem = DEFAULT.elementwise_compiled * L * per_block + loss_bytes_per_token(spec, "bf16-autocast", True)
+    assert c.elementwise == pytest.approx(celem / hbm, rel=1e-12)    # the compiled step's own fitted factor
     assert c.elementwise < t.elementwise and c.matmul == t.matmul
 
 

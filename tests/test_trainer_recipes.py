@@ -163,8 +163,16 @@ def test_sliding_windows_shorten_the_attention_time_by_the_keys_they_attend() ->
     T = spec.seq_len
     w = windows(20, "SSSL")
     kw = dict(precision="bf16-autocast", compiled=True, ac=False)
-    sssl = compute_terms(spec, prof, **kw, variant=StepVariant(attention_keys=tuple(w)))   # type: ignore[arg-type]
-    full = compute_terms(spec, prof, **kw)   # type: ignore[arg-type]
+    from planner.kernels import StepSoftware
+    from planner.plan import TrainerRef
+    from planner.trainers.nanochat import NANOCHAT
+
+    ref = TrainerRef(name="nanochat", version="2026-07", window_pattern="SSSL")
+    software = NANOCHAT.step_software(spec, ref, prof)          # what a nanochat plan on H100 runs
+    assert software.attention == "fa3"
+    sssl = compute_terms(spec, prof, **kw, variant=StepVariant(attention_keys=tuple(w)),   # type: ignore[arg-type]
+                         software=software)
+    full = compute_terms(spec, prof, **kw, software=StepSoftware(attention="fa3"))   # type: ignore[arg-type]
     attended = sum(sum(min(t + 1, x) for t in range(T)) for x in w)     # query t attends min(t + 1, w) keys
     causal = 20 * sum(t + 1 for t in range(T))
     assert sssl.attention / full.attention == pytest.approx(attended / causal, rel=2e-3)

@@ -13,9 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 RUNS_FILE = Path(__file__).with_name("runs.yaml")
 
-Trainer = Literal["nanochat", "torchtitan", "llm-foundry", "modded-nanogpt", "megatron-lm", "deepspeed", "nanogpt"]
+Trainer = Literal["nanochat", "torchtitan", "llm-foundry", "modded-nanogpt", "megatron-lm", "deepspeed", "nanogpt",
+                  "llm.c", "litgpt"]
 Strategy = Literal["ddp", "zero1", "zero2", "fsdp", "hsdp", "fsdp+tp"]
 Checkpointing = Literal["none", "full", "selective-layer", "selective-op"]
+# the attention kernel the run's software used (README.md, "Attention kernels"): FlashAttention 1 (torch <= 2.1 SDPA),
+# FlashAttention-2 (torch's flash backend since 2.2), FlashAttention-3, cuDNN's fused attention, llm-foundry's Triton
+# flash-attention kernel (flash_attn_triton, FlashAttention-1 era)
+AttentionKernel = Literal["fa1", "fa2", "fa3", "cudnn", "triton-fa1"]
 
 SPEED_FIELDS = ("measured_tokens_per_s_per_gpu", "measured_tokens_per_s_total", "measured_step_time_ms",
                 "measured_mfu_pct")
@@ -75,10 +80,16 @@ class PublicRun(BaseModel):
     tp_degree: PosInt
     activation_checkpointing: Checkpointing
     compile: bool
+    # element-wise work in hand-fused kernels without torch.compile (llm.c, TinyLlama's fused norm/SwiGLU/rotary/loss)
+    fused_elementwise: bool = False
+    attention_kernel: Optional[AttentionKernel] = None
     precision: Literal["bf16", "fp8"]
     precision_detail: Optional[str]
     grad_reduce_dtype: Optional[Literal["fp32", "bf16"]]
     optimizer: str
+    # a setting the planner cannot express yet (hybrid sharding, tensor parallelism): the row is kept out of the fit
+    # and the error tables until it can (issue 29: helper i29b adds --strategy hsdp and --tp)
+    awaits: Optional[Literal["hsdp", "tp"]] = None
 
     # what was measured (absent when the source does not give it)
     measured_tokens_per_s_per_gpu: Optional[float] = Field(default=None, gt=0)

@@ -29,8 +29,10 @@ from typing import TYPE_CHECKING, Any
 from planner.counts import flops_per_token, matmul_params, n_params, param_counts
 from planner.errors import PlanError
 from planner.fit_verdict import Allocator
+from planner.kernels import StepSoftware
 from planner.memory_terms import MemoryEstimate, StepConfig
 from planner.plan import PlanRequest, TrainerRef
+from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -122,6 +124,11 @@ class Trainer:
 
     def memory(self, cfg: StepConfig, ref: TrainerRef, overheads: dict[str, int], fragmentation: float) -> MemoryEstimate:
         raise NotImplementedError
+
+    def step_software(self, spec: ModelSpec, ref: TrainerRef, prof: HardwareProfile) -> StepSoftware | None:
+        """The attention kernel and span the trainer's step runs on this GPU, for the step-time model
+        (planner/kernels.py). None: what nanoplan's runner runs (torch's default SDPA backend)."""
+        return None
 
     def counts(self, spec: ModelSpec, ref: TrainerRef) -> Counts:
         """By default the planner's own counts (the trainer builds the same module tree)."""

@@ -48,6 +48,7 @@ from typing import Any
 
 from planner.compute_model import StepVariant
 from planner.counts import attn_weight_params, mlp_weight_params
+from planner.kernels import StepSoftware, window_span
 from planner.memory import BREAKDOWN_KEYS
 from planner.memory_backward import block_bw
 from planner.memory_compiled import saved_parts
@@ -250,6 +251,23 @@ class Nanochat(Trainer):
             return None
         return StepVariant(attention_keys=tuple(_windows(req.model, req.trainer.window_pattern or "SSSL")),
                            fp8_head=True)
+
+    # ---------------------------------------------------------------- speed (issue 29)
+
+    def step_software(self, spec: ModelSpec, ref: TrainerRef, prof: HardwareProfile) -> StepSoftware:
+        """The attention nanochat runs (planner/kernels.py). 2025 versions: SDPA with is_causal under torch 2.8.0
+        (pyproject.toml): FlashAttention-2. 2026-07: nanochat/flash_attention.py loads FlashAttention-3 through
+        `kernels` (varunneal/flash-attention-3 on Hopper; kernels-community/flash-attn3 for Ampere and Ada only when
+        the hub has a build for the installed torch, not counted on: `attention_kernel`) and runs the plan's sliding
+        windows in it; elsewhere SDPA, whose windowed layers pass an explicit mask and so attend to the whole sequence
+        (span 2 against causal), the long ones is_causal (the export picks L there: `window_pattern_for`)."""
+        if self.version(ref.version).key != CURRENT:
+            return StepSoftware(attention="fa2")
+        windows = _windows(spec, ref.window_pattern or window_pattern_for(prof))   # the plan's --window-pattern
+        if attention_kernel(prof) == "sdpa":   # windowed layers pass an explicit mask: the whole sequence (span 2)
+            span = sum(1.0 if w >= spec.seq_len else 2.0 for w in windows) / len(windows)
+            return StepSoftware(attention="fa2", attention_span=span)
+        return StepSoftware(attention="fa3", attention_span=window_span(windows, spec.seq_len))
 
     # ---------------------------------------------------------------- counts
 

@@ -37,6 +37,7 @@ Opt = typer.Option
     ("nanoplan run plan.json --data data/tiny", "train on a prepared DATA_DIR"),
     ("nanoplan run plan.json --tensorboard", "also log to RUN_DIR/tensorboard (tensorboard --logdir runs)"),
     ("nanoplan run plan.json --node-rank 1 --rdzv-endpoint head:29500", "a second node of a 2-node plan"),
+    ("nanoplan run nanochat.json --trainer-dir ~/nanochat", "a nanochat plan, supervised under its budget"),
 ))
 def run(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN.json", help="plan.json from nanoplan estimate --out")],
@@ -54,8 +55,15 @@ def run(
     tensorboard: Annotated[bool, Opt("--tensorboard", help="Also write loss, val loss, tokens/s, MFU, dollars and "
                                                            "memory to RUN_DIR/tensorboard (needs the tensorboard "
                                                            "package)")] = False,
+    trainer_dir: Annotated[Optional[str], Opt(metavar="DIR", help="A plan for another trainer: where it runs (nanochat: "
+                                                                  "its checkout; DeepSpeed: your train.py's directory; "
+                                                                  "default: the current directory)")] = None,
 ) -> None:
-    """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
+    """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume.
+
+    A plan made for nanochat, torchtitan or DeepSpeed (estimate --trainer) runs that trainer under the same
+    budget: its save cadence and step count are set so that its last save lands before the deadline, and a
+    relaunch resumes from its newest complete checkpoint (docs/trainers.md)."""
     from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
 
     t0 = process_start_boottime() or boottime()     # the budget clock of this launch starts here
@@ -72,7 +80,7 @@ def run(
                             "pip install 'nanoplan[tensorboard]' (or: pip install tensorboard)")
     try:
         _run(plan_path, run_dir, data, dry_run, resume, force, nnodes, node_rank, rdzv_endpoint, max_restarts,
-             probe, t0, stops, tensorboard)
+             probe, t0, stops, tensorboard, trainer_dir)
     finally:
         if stops is not None:
             stops.restore()
@@ -80,17 +88,22 @@ def run(
 
 def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, resume: bool, force: bool,
          nnodes: int | None, node_rank: int, rdzv_endpoint: str | None, max_restarts: int, probe: bool,
-         t0: float, stops: StopRequests | None, tensorboard: bool = False) -> None:
+         t0: float, stops: StopRequests | None, tensorboard: bool = False, trainer_dir: str | None = None) -> None:
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
     from runner.launcher import Launch, LaunchWriteError, build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
-    if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step (docs/trainers.md)
-        name = plan.request.trainer.name
-        raise PlanError(plan_path, f"plans {name}'s training step, not nanoplan's runner",
-                        f"run it with {name}: nanoplan export {plan_path} --for {name}")
+    if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step: supervise it (docs/trainers.md)
+        from nanoplan.run_trainer import run_trainer  # noqa: PLC0415
+
+        run_trainer(plan, plan_path, run_dir, trainer_dir=trainer_dir, data=data, dry_run=dry_run, resume=resume,
+                    force=force, nnodes=nnodes, probe=probe, max_restarts=max_restarts, tensorboard=tensorboard,
+                    t0=t0, stops=stops)
+        return
+    if trainer_dir is not None:
+        raise PlanError("--trainer-dir", f"{plan_path} is a plan for nanoplan's own runner", "drop --trainer-dir")
     fresh, stale = rederive(plan, plan_path)
     if stale:
         typer.echo(f"warning: {len(stale)} derived number(s) in {plan_path} differ from a fresh derivation "

@@ -99,8 +99,8 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         from nanoplan.run_trainer import run_trainer  # noqa: PLC0415
 
         run_trainer(plan, plan_path, run_dir, trainer_dir=trainer_dir, data=data, dry_run=dry_run, resume=resume,
-                    force=force, nnodes=nnodes, probe=probe, max_restarts=max_restarts, tensorboard=tensorboard,
-                    t0=t0, stops=stops)
+                    force=force, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, probe=probe,
+                    max_restarts=max_restarts, tensorboard=tensorboard, t0=t0, stops=stops)
         return
     if trainer_dir is not None:
         raise PlanError("--trainer-dir", f"{plan_path} is a plan for nanoplan's own runner", "drop --trainer-dir")

@@ -8,7 +8,6 @@ then runner/trainers/supervise.py runs the trainer under the budget. Nothing her
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 import uuid
@@ -23,15 +22,14 @@ if TYPE_CHECKING:
     from planner.plan import Plan
     from runner.launcher import StopRequests
 
-TRAINER_PATHS = ("trainer.log", "ds_config.json", "torchtitan")
-
-
 def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir: str | None, data: str | None,
-                dry_run: bool, resume: bool, force: bool, nnodes: int | None, probe: bool, max_restarts: int,
+                dry_run: bool, resume: bool, force: bool, nnodes: int | None, node_rank: int, rdzv_endpoint: str | None,
+                probe: bool, max_restarts: int,
                 tensorboard: bool, t0: float, stops: StopRequests | None) -> None:
     from planner.plan import plan_hash  # noqa: PLC0415
     from runner.launcher import Launch, LaunchWriteError  # noqa: PLC0415
     from runner.trainers import adapter_for  # noqa: PLC0415
+    from runner.trainers.records import link_in  # noqa: PLC0415
     from runner.trainers.supervise import Supervisor  # noqa: PLC0415
 
     name = plan.request.trainer.name
@@ -42,7 +40,10 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
                         f"drop --probe: the first launch measures {name}'s step, and each relaunch re-derives the "
                         "save cadence and step count from it")
     if data is not None:
-        raise PlanError("--data", f"{name} reads its own data (nanochat: NANOCHAT_BASE_DIR)", "drop --data")
+        raise PlanError("--data", f"{name} reads its own data, where it prepared it", "drop --data")
+    if node_rank or rdzv_endpoint:
+        raise PlanError("--node-rank" if node_rank else "--rdzv-endpoint", f"nanoplan run supervises {name} on one node",
+                        "drop it")
     if nnodes is not None and nnodes != plan.hardware.nodes:
         raise PlanError("--nnodes", f"{nnodes} but the plan is for {plan.hardware.nodes} node(s)", "re-plan it")
     if max_restarts < 0:
@@ -78,22 +79,25 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
         if cmd is not None:
             typer.echo(shlex.join(cmd))
         return
-    if rpath.is_dir() and not _links(rpath, adapter):
+    if rpath.is_dir() and not link_in(adapter, rpath):
         _, _, why = supervisor(launch.carried_s()).decide()
         if why is not None:            # a spent run: one line, before anything is locked or started
             typer.echo(f"nothing to do: {why}; nothing was started", err=True)
             return
     launch.acquire()                   # exit 2 if another live process holds the run dir
     try:
-        bad = _links(rpath, adapter)
+        bad = link_in(adapter, rpath)
         if bad:
             raise PlanError("preflight", bad, "remove the link, or pass the real directory as --run-dir")
         carried = launch.carried_s()
         sup = supervisor(carried)
-        _, _, why = sup.decide()
+        first, _, why = sup.decide()
         if why is not None:
             typer.echo(f"nothing to do: {why}; nothing was started", err=True)
             return
+        if resume and first is not None and first.resume_step is None:
+            raise PlanError("--resume", f"{adapter.checkpoint_dir(rpath)} holds no complete checkpoint of {name}",
+                            "drop --resume to start afresh")
         try:
             launch.start(carried_s=carried)   # recorded before anything is spawned
         except LaunchWriteError as e:
@@ -108,28 +112,6 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
         launch.release()
     if rc:
         raise typer.Exit(rc)
-
-
-def _links(rpath: Path, adapter: object) -> str | None:
-    """A link among the run dir's managed paths (the runner's, and the trainer's checkpoints and files)."""
-    from runner.preflight import check_run_dir_contained  # noqa: PLC0415
-
-    bad = check_run_dir_contained(rpath)
-    if bad:
-        return bad
-    ck = adapter.checkpoint_dir(rpath)  # type: ignore[attr-defined]
-    paths = [rpath / n for n in TRAINER_PATHS]
-    p = ck
-    while p != rpath.resolve() and p != p.parent:
-        paths.append(p)
-        p = p.parent
-    if ck.is_dir() and not ck.is_symlink():
-        paths += sorted(ck.iterdir())
-    for p in paths:
-        if p.is_symlink():
-            return (f"{p} is a link (to {os.path.realpath(p)}); nanoplan never writes, cleans or deletes through a "
-                    "link in its run dir")
-    return None
 
 
 def _show(cmd: list[str]) -> None:

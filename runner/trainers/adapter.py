@@ -99,6 +99,10 @@ class Adapter:
         """The files or directories that make up the checkpoint of `step` (to clean an unfinished one)."""
         raise NotImplementedError
 
+    def run_files(self, run_dir: Path) -> list[Path]:
+        """What else it writes in the run dir (never through a link: runner/trainers/records.py `link_in`)."""
+        return []
+
     # ---------------------------------------------------------------- launching
     def prepare(self, launch: Launch) -> None:
         """Write what the command needs into the run dir (before each launch)."""
@@ -133,7 +137,7 @@ def trainer_program(trainer_dir: Path | None, name: str) -> str:
     """A console script of the trainer's environment (e.g. `deepspeed`): beside its Python, else on PATH."""
     beside = Path(trainer_python(trainer_dir)).parent / name
     if os.access(beside, os.X_OK):
-        return str(beside)
+        return name if shutil.which(name) == str(beside) else str(beside)   # the bare name when PATH finds it
     found = shutil.which(name)
     if found is None:
         raise PlanError("--trainer-dir", f"`{name}` is not installed beside {trainer_python(trainer_dir)} nor on PATH",

@@ -104,6 +104,9 @@ class Deepspeed(Adapter):
                 return f"{n}: {why}"
         return None
 
+    def run_files(self, run_dir: Path) -> list[Path]:
+        return [run_dir / CONFIG]
+
     # ---------------------------------------------------------------- launching
     def prepare(self, launch: Launch) -> None:
         cfg = deepspeed_config(launch.plan)

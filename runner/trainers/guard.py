@@ -41,9 +41,10 @@ class Guard:
     history: list[float] = field(default_factory=list)
 
     @staticmethod
-    def save_fallback(checkpoint_bytes: int) -> float:
-        """A save's time before one is measured: the runner's own assumption (runner/clock.py)."""
-        return max(CKPT_FALLBACK_MIN_S, checkpoint_bytes / CKPT_FALLBACK_BYTES_S)
+    def save_fallback(checkpoint_bytes: int, bytes_per_s: float = CKPT_FALLBACK_BYTES_S) -> float:
+        """A save's time before one is measured: the checkpoint at `bytes_per_s` (the profile's storage
+        figure, planner/profiles.py), and at least the runner's 2 s (runner/clock.py)."""
+        return max(CKPT_FALLBACK_MIN_S, checkpoint_bytes / bytes_per_s)
 
     def observe_step(self, seconds: float) -> None:
         """The median of the last 3 step times (the slower of 2): one stalled step is no forecast."""

@@ -150,5 +150,31 @@ class Segments:
             write_json(self.path, self.info)
 
 
+def link_in(adapter: Adapter, run_dir: Path) -> str | None:
+    """A link among the run dir's managed paths (the runner's, the trainer's checkpoint dir, its parents inside
+    the run dir and its entries, trainer.log and the adapter's own files), or None."""
+    import os
+
+    from runner.preflight import check_run_dir_contained
+
+    bad = check_run_dir_contained(run_dir)
+    if bad:
+        return bad
+    root = run_dir.resolve()
+    ck = adapter.checkpoint_dir(run_dir)
+    paths = [run_dir / LOG, *adapter.run_files(run_dir)]
+    p = ck
+    while p != root and root in p.parents:
+        paths.append(p)
+        p = p.parent
+    if ck.is_dir() and not ck.is_symlink():
+        paths += sorted(ck.iterdir())
+    for p in paths:
+        if p.is_symlink():
+            return (f"{p} is a link (to {os.path.realpath(p)}); nanoplan never writes, cleans or deletes through a "
+                    "link in its run dir")
+    return None
+
+
 def median_step(intervals: list[float]) -> float | None:
     return statistics.median(intervals[-50:]) if intervals else None

@@ -102,7 +102,8 @@ class Supervisor:
         s = self.plan.schedule
         kind = "gpu" if self.plan.request.profile.kind == "gpu" else "cpu"
         guard = Guard(self.deadline, self.carried, step_s=m.step_s or self.plan.throughput.step_seconds,
-                      save_s=m.save_s or Guard.save_fallback(s.checkpoint_bytes),
+                      save_s=m.save_s or Guard.save_fallback(s.checkpoint_bytes,
+                                                             self.plan.request.profile.storage_bytes_per_s()[0]),
                       startup_s=m.startup_s if m.startup_s is not None else startup_guess(self.plan),
                       exit_s=m.exit_s if m.exit_s is not None else EXIT_S[kind], save_measured=m.save_s is not None)
         self.guessed = None in (m.step_s, m.save_s, m.startup_s)
@@ -176,11 +177,6 @@ class Supervisor:
             if launch is None:
                 self.say(f"nothing to do: {why}; nothing was started")
                 return 0
-            if self.resume and launch.resume_step is None:
-                from planner.errors import PlanError
-
-                raise PlanError("--resume", f"{self.a.checkpoint_dir(self.run_dir)} holds no complete checkpoint",
-                                "drop --resume to start afresh")
             code = self._attempt(launch, guard, attempts, restart=attempts < self.max_restarts)
             if code == RELAUNCH:
                 self.calibrated = True

@@ -84,6 +84,9 @@ class Torchtitan(Adapter):
         p = self.checkpoint_dir(run_dir) / f"step-{step}"
         return [p] if p.exists() or p.is_symlink() else []
 
+    def run_files(self, run_dir: Path) -> list[Path]:
+        return [run_dir / "torchtitan"]
+
     def problem(self, run_dir: Path, step: int, world: int) -> str | None:
         _, why = dcp_files(self.checkpoint_dir(run_dir) / f"step-{step}")
         return why

@@ -35,7 +35,6 @@ Opt = typer.Option
 @app.command(epilog=examples(
     ("nanoplan run plan.json --dry-run", "print the torchrun command, run nothing"),
     ("nanoplan run plan.json --data data/tiny", "train on a prepared DATA_DIR"),
-    ("nanoplan run plan.json --tensorboard", "also log to RUN_DIR/tensorboard (tensorboard --logdir runs)"),
     ("nanoplan run plan.json --node-rank 1 --rdzv-endpoint head:29500", "a second node of a 2-node plan"),
     ("nanoplan run nanochat.json --trainer-dir ~/nanochat", "a nanochat plan, supervised under its budget"),
 ))
@@ -49,7 +48,7 @@ def run(
     nnodes: Annotated[Optional[int], Opt(metavar="N", help="Nodes (default: the plan's)")] = None,
     node_rank: Annotated[int, Opt(metavar="N", help="This node's rank (multi-node)")] = 0,
     rdzv_endpoint: Annotated[Optional[str], Opt(metavar="HOST:PORT", help="HOST:PORT of the c10d rendezvous (multi-node)")] = None,
-    max_restarts: Annotated[int, Opt(metavar="N", help="torchrun restarts after a worker crash (each resumes)")] = DEFAULT_MAX_RESTARTS,
+    max_restarts: Annotated[int, Opt(metavar="N", help="Restarts after a crash, each resuming (torchrun's; another trainer's: relaunches)")] = DEFAULT_MAX_RESTARTS,
     probe: Annotated[bool, Opt("--probe", help="First measure the plan here (nanoplan probe), then run the corrected "
                                                "plan RUN_DIR/plan.probed.json")] = False,
     tensorboard: Annotated[bool, Opt("--tensorboard", help="Also write loss, val loss, tokens/s, MFU, dollars and "

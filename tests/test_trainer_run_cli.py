@@ -115,7 +115,7 @@ def run_env(tmp_path: Path, **extra: str) -> dict[str, str]:
 def test_a_crash_after_progress_restarts_from_the_newest_checkpoint(tmp_path: Path, capsys) -> None:
     """The trainer dies (exit 1) at step 27: its last lines are shown, and it is relaunched from its newest
     complete checkpoint, within the same budget; a failure before any step is not retried."""
-    p = plan(tmp_path, capsys)
+    p = plan(tmp_path, capsys, hours=0.003)
     mark = tmp_path / "crashed"
     r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(p), "--run-dir", "r", "--trainer-dir",
                         str(NANOCHAT)], capture_output=True, text=True, cwd=tmp_path, timeout=120,

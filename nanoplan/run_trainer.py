@@ -95,6 +95,8 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
         if why is not None:
             typer.echo(f"nothing to do: {why}; nothing was started", err=True)
             return
+        if first is not None:
+            adapter.command(first)           # what it needs to run is there (a PlanError otherwise), before the record
         if resume and first is not None and first.resume_step is None:
             raise PlanError("--resume", f"{adapter.checkpoint_dir(rpath)} holds no complete checkpoint of {name}",
                             "drop --resume to start afresh")

@@ -137,8 +137,12 @@ def main(argv: list[str]) -> int:
         if _stop:
             return EXIT_STOPPED
         with open(log, "ab") as out:
-            proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True, preexec_fn=die_with_parent())  # noqa: PLW1509
+            try:
+                proc = subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                        start_new_session=True, preexec_fn=die_with_parent())  # noqa: PLW1509
+            except OSError as e:           # no such program or directory: one line in the trainer's log
+                out.write(f"error: cannot run {cmd[0]} in {cwd}: {e.strerror or e}\n".encode())
+                return 127
         status: int | None = None
         while status is None and not _stop:
             status = _reap().get(proc.pid)

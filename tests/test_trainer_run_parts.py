@@ -173,6 +173,8 @@ def test_the_step_count_puts_the_last_save_before_the_deadline() -> None:
     assert g.end_step(82.0, 0, 10_000, 10) == 0                 # no room for a start-up, a step and a save
     assert Guard(None, 0, 1, 1, 1).end_step(1e9, 5, 77, 10) == 77   # a --steps plan: its steps
     assert g.save_every(600.0) == 600 and Guard(100, 0, 7.0, 1, 1).save_every(60) == 9
+    g.mean_s = 2.0       # evaluation passes between steps: the launch's mean step is twice the last steps'
+    assert g.save_every(600.0) == 300 and cost(g.end_step(0.0, 0, 10_000, 10) * 2) > 81
 
 
 def test_the_guard_stops_when_the_next_save_would_land_late_and_waits_for_one_in_progress() -> None:
@@ -279,3 +281,41 @@ def test_the_trainer_s_own_venv_is_used_when_its_checkout_has_one(tmp_path: Path
 def test_set_flags_replaces_a_flag_wherever_and_however_it_was_given() -> None:
     argv = ["--a", "1", "--b=2", "--on", "--c", "3"]
     assert set_flags(argv, {"--a": "9", "--b": "8", "--on": None}) == ["--c", "3", "--a", "9", "--b", "8", "--on"]
+
+
+def test_a_launch_never_asks_for_a_step_count_at_or_below_its_resume_step(tmp_path: Path, capsys) -> None:
+    """nanochat resumed with --num-iterations below its resume step never stops (its `step == num_iterations`
+    is never met): the supervisor starts nothing instead, when the newest checkpoint is the plan's last step,
+    when the run already ended at its deadline, or when no step and save fit in what is left."""
+    torch = pytest.importorskip("torch")
+    from runner.trainers.supervise import Supervisor
+
+    plan = make(tmp_path, capsys, NANOCHAT_CPU)
+    run = tmp_path / "run"
+    nc = adapter_for("nanochat")
+    ck = nc.checkpoint_dir(run)
+    ck.mkdir(parents=True)
+    total = plan.schedule.total_steps
+    for name in (f"model_{total:06d}.pt", f"optim_{total:06d}_rank0.pt"):
+        torch.save({"x": 1}, ck / name)
+    (ck / f"meta_{total:06d}.json").write_text(json.dumps({"step": total}))
+
+    def decide(carried: float = 0.0) -> tuple:
+        sup = Supervisor(plan, "plan.json", run, nc, None, launch_id="x", t0=1e18, carried_s=carried, stops=None)
+        sup.age = lambda: 0.0                                          # type: ignore[method-assign]
+        return sup.decide()
+
+    launch, _, why = decide()
+    assert launch is None and f"holds the checkpoint of its last step ({total:,})" in why
+    for p in ck.iterdir():
+        p.rename(ck / p.name.replace(f"{total:06d}", f"{10:06d}"))
+    (ck / "meta_000010.json").write_text(json.dumps({"step": 10}))
+    launch, _, why = decide()
+    assert why is None and launch.resume_step == 10 and launch.end_step > 10
+    (run / "run_info.json").write_text(json.dumps({"plan_hash": None, "segments": [
+        {"segment": 0, "ended": "deadline", "last_saved": 10}]}))
+    launch, _, why = decide()
+    assert launch is None and "stopped at its deadline at step 10" in why
+    (run / "run_info.json").unlink()
+    launch, _, why = decide(carried=plan.budget.hours * 3600 - 1.0)
+    assert launch is None and "is spent" in why

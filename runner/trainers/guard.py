@@ -38,6 +38,7 @@ class Guard:
     startup_s: float                    # the trainer's own start-up: from its spawn to its first step line
     exit_s: float = 1.0
     save_measured: bool = False         # save_s is a measurement (not the fallback)
+    mean_s: float = 0.0                 # seconds a step over the launch so far, pauses (evaluations) in, saves out
     history: list[float] = field(default_factory=list)
 
     @staticmethod
@@ -61,15 +62,21 @@ class Guard:
             self.save_s = max(self.save_s, seconds) if self.save_measured else seconds
             self.save_measured = True
 
+    @property
+    def per_step(self) -> float:
+        """Seconds a step over many: the launch's mean when slower than the next step's estimate (a trainer's
+        evaluation passes, nanochat's every 250 steps, come between its steps)."""
+        return max(self.step_s, self.mean_s)
+
     # ---------------------------------------------------------------- at a launch
     def save_every(self, cadence_s: float) -> int:
         """The save cadence in steps, at the current step time."""
-        return max(1, round(cadence_s / self.step_s))
+        return max(1, round(cadence_s / self.per_step))
 
     def _cost(self, start: int, end: int, every: int) -> float:
         """Seconds after the first step to reach step `end` and save there, from a resume at `start`."""
         periodic = max(0, (end - 1) // every - start // every)
-        return (end - start - 1) * self.step_s + periodic * CKPT_SAFETY * self.save_s
+        return (end - start - 1) * self.per_step + periodic * CKPT_SAFETY * self.save_s
 
     def end_step(self, age_s: float, start: int, total: int, every: int, *, startup: bool = True) -> int:
         """The step count to launch with, `age_s` seconds into the launch: the last step whose save (and the
@@ -105,7 +112,7 @@ class Guard:
         if done >= end or (done // every) * every > saved:
             return False      # a save not yet seen complete (or the last one, then its exit): wait (or the hard stop)
         nxt = min(end, (done // every + 1) * every)
-        eta = now + (nxt - done) * self.step_s + CKPT_SAFETY * self.save_s + (self.exit_s if nxt == end else KILL_S)
+        eta = now + (nxt - done) * self.per_step + CKPT_SAFETY * self.save_s + (self.exit_s if nxt == end else KILL_S)
         if starting_s is not None:
             eta += max(0.0, self.startup_s - starting_s) - self.step_s
         return eta > self.deadline_s

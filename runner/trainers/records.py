@@ -104,13 +104,15 @@ class Measured:
 
 
 def measured(info: dict[str, Any] | None) -> Measured:
-    """The latest step time, the slowest save, start-up (of the last 3 launches) and exit on record."""
+    """The latest step time (its mean over the launch, evaluation passes in, when on record), the slowest save,
+    start-up (of the last 3 launches) and exit on record."""
     segs = [s for s in (info or {}).get("segments") or [] if isinstance(s, dict)]
 
     def vals(key: str) -> list[float]:
         return [float(v) for s in segs if isinstance(v := s.get(key), (int, float)) and v > 0]
 
-    steps = vals("step_seconds")
+    steps = [float(s.get("mean_step_seconds") or s["step_seconds"]) for s in segs
+             if isinstance(s.get("step_seconds"), (int, float)) and s["step_seconds"] > 0]
     starts = vals("startup_seconds")
     return Measured(step_s=steps[-1] if steps else None, save_s=max(vals("save_seconds"), default=None),
                     startup_s=max(starts[-3:], default=None), exit_s=max(vals("exit_seconds"), default=None))

@@ -282,6 +282,8 @@ class _Watch:
         self.done = self.saved = launch.resume_step or 0
         self.line_at: dict[int, float] = {}
         self.first_line: float | None = None
+        self.first_done: int | None = None      # the step of the first line
+        self.saving_s = 0.0                     # seconds of this launch's saves since then
         self.saved_at: float | None = None
         self.loss: float | None = None
         self.intervals: list[float] = []
@@ -318,7 +320,7 @@ class _Watch:
                 return "deadline"
             if self.relaunch is not None:
                 g = self.guard
-                self._stop(keeper, f"measured {g.startup_s:.3g} s of start-up, {g.step_s:.3g} s a step and "
+                self._stop(keeper, f"measured {g.startup_s:.3g} s of start-up, {g.per_step:.3g} s a step and "
                            f"{g.save_s:.3g} s a save, which change its step count or cadence: relaunching "
                            f"{self.sup.a.name} with them")
                 return "relaunch"
@@ -362,8 +364,13 @@ class _Watch:
         for ev in events:
             self._row(ev.step, ev.step - self.done, ev.loss, ev.tokens_per_sec, ev.lr, interval)
             self.done, self.line_at[ev.step] = ev.step, now
+        if self.first_done is None:
+            self.first_done = events[0].step
+        elif last - self.first_done >= 3:     # the mean over the launch: pauses between steps in, saves out
+            self.guard.mean_s = max(0.0, now - self.first_line - self.saving_s) / (last - self.first_done)
         if self.intervals and len(self.intervals) % 10 == 1:
-            self.seg.update(step_seconds=round(median_step(self.intervals) or 0, 6) or None)
+            self.seg.update(step_seconds=round(median_step(self.intervals) or 0, 6) or None,
+                            mean_step_seconds=round(self.guard.mean_s, 6) or None)
 
     def _row(self, step: int, delta: int, loss: float | None, tps: float | None, lr: float | None,
              interval: float | None) -> None:
@@ -404,8 +411,10 @@ class _Watch:
             took = now - self.line_at[s] if s in self.line_at else None
             if took is not None:
                 self.guard.observe_save(took)
+                self.saving_s += took
             self.saved, self.saved_at = s, now
             self.seg.update(last_saved=s, step_seconds=round(median_step(self.intervals) or 0, 6) or None,
+                            mean_step_seconds=round(self.guard.mean_s, 6) or None,
                             save_seconds=max(self.seg.seg.get("save_seconds") or 0.0, round(took or 0.0, 3)) or None)
             self.progress.say(f"saved step {s:,}" + (f" ({took:.1f} s)" if took is not None else ""))
             if self.calibrate and s < end and self.first_line is not None:

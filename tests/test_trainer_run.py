@@ -365,7 +365,7 @@ def test_a_torchtitan_run_killed_and_relaunched_keeps_the_budget(tmp_path: Path,
     env = {**os.environ, **KNOBS, "PYTHONPATH": path, "NANOPLAN_TRAINER_STARTUP_S": "5"}
     t = Trainer("torchtitan", ["--trainer", "torchtitan", "--preset", "debugmodel", "--gpu", "2xH100",
                                "--device-batch-size", "1", "--total-batch-tokens", "4096", "--mfu", "0.005"],
-                40.0, 2, titan_steps, titan_complete, titan_weights, re.compile(r"step:\s+(\d+)\s+"), 0,
+                44.0, 2, titan_steps, titan_complete, titan_weights, re.compile(r"step:\s+(\d+)\s+"), 0,
                 re.compile(r"--checkpoint\.interval (\d+)"), re.compile(r"--checkpoint\.load-step (\d+)"), env, None,
                 later_save=False)    # torchrun's start-up is seconds: its first save, not the relaunch after it
     promise(t, tmp_path, capsys)

@@ -35,8 +35,8 @@ Opt = typer.Option
 @app.command(epilog=examples(
     ("nanoplan run plan.json --dry-run", "print the torchrun command, run nothing"),
     ("nanoplan run plan.json --data data/tiny", "train on a prepared DATA_DIR"),
-    ("nanoplan run plan.json --tensorboard", "also log to RUN_DIR/tensorboard (tensorboard --logdir runs)"),
     ("nanoplan run plan.json --node-rank 1 --rdzv-endpoint head:29500", "a second node of a 2-node plan"),
+    ("nanoplan run nanochat.json --trainer-dir ~/nanochat", "a nanochat plan, supervised under its budget"),
 ))
 def run(
     plan_path: Annotated[str, typer.Argument(metavar="PLAN.json", help="plan.json from nanoplan estimate --out")],
@@ -48,18 +48,21 @@ def run(
     nnodes: Annotated[Optional[int], Opt(metavar="N", help="Nodes (default: the plan's)")] = None,
     node_rank: Annotated[int, Opt(metavar="N", help="This node's rank (multi-node)")] = 0,
     rdzv_endpoint: Annotated[Optional[str], Opt(metavar="HOST:PORT", help="HOST:PORT of the c10d rendezvous (multi-node)")] = None,
-    max_restarts: Annotated[int, Opt(metavar="N", help="torchrun restarts after a worker crash (each resumes)")] = DEFAULT_MAX_RESTARTS,
+    max_restarts: Annotated[int, Opt(metavar="N", help="Restarts after a crash, each resuming (torchrun's; another trainer's: relaunches)")] = DEFAULT_MAX_RESTARTS,
     probe: Annotated[bool, Opt("--probe", help="First measure the plan here (nanoplan probe), then run the corrected "
                                                "plan RUN_DIR/plan.probed.json")] = False,
     tensorboard: Annotated[bool, Opt("--tensorboard", help="Also write loss, val loss, tokens/s, MFU, dollars and "
                                                            "memory to RUN_DIR/tensorboard (needs the tensorboard "
                                                            "package)")] = False,
+    trainer_dir: Annotated[Optional[str], Opt(metavar="DIR", help="A plan for another trainer: where it runs (nanochat: "
+                                                                  "its checkout; DeepSpeed: your train.py's directory; "
+                                                                  "default: the current directory)")] = None,
 ) -> None:
-    """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
-    if not dry_run:
-        from nanoplan.extras import require  # noqa: PLC0415
+    """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume.
 
-        require("torch", "run")    # torchrun's own interpreter would only say "Error while finding module specification"
+    A plan made for nanochat, torchtitan or DeepSpeed (estimate --trainer) runs that trainer under the same
+    budget: its save cadence and step count are set so that its last save lands before the deadline, and a
+    relaunch resumes from its newest complete checkpoint (docs/trainers.md)."""
     from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
 
     t0 = process_start_boottime() or boottime()     # the budget clock of this launch starts here
@@ -76,7 +79,7 @@ def run(
                             "pip install 'nanoplan[tensorboard]' (or: pip install tensorboard)")
     try:
         _run(plan_path, run_dir, data, dry_run, resume, force, nnodes, node_rank, rdzv_endpoint, max_restarts,
-             probe, t0, stops, tensorboard)
+             probe, t0, stops, tensorboard, trainer_dir)
     finally:
         if stops is not None:
             stops.restore()
@@ -84,17 +87,26 @@ def run(
 
 def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, resume: bool, force: bool,
          nnodes: int | None, node_rank: int, rdzv_endpoint: str | None, max_restarts: int, probe: bool,
-         t0: float, stops: StopRequests | None, tensorboard: bool = False) -> None:
+         t0: float, stops: StopRequests | None, tensorboard: bool = False, trainer_dir: str | None = None) -> None:
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
     from runner.launcher import Launch, LaunchWriteError, build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
-    if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step (docs/trainers.md)
-        name = plan.request.trainer.name
-        raise PlanError(plan_path, f"plans {name}'s training step, not nanoplan's runner",
-                        f"run it with {name}: nanoplan export {plan_path} --for {name}")
+    if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step: supervise it (docs/trainers.md)
+        from nanoplan.run_trainer import run_trainer  # noqa: PLC0415
+
+        run_trainer(plan, plan_path, run_dir, trainer_dir=trainer_dir, data=data, dry_run=dry_run, resume=resume,
+                    force=force, nnodes=nnodes, node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, probe=probe,
+                    max_restarts=max_restarts, tensorboard=tensorboard, t0=t0, stops=stops)
+        return
+    if trainer_dir is not None:
+        raise PlanError("--trainer-dir", f"{plan_path} is a plan for nanoplan's own runner", "drop --trainer-dir")
+    if not dry_run:
+        from nanoplan.extras import require  # noqa: PLC0415
+
+        require("torch", "run")    # torchrun's own interpreter would only say "Error while finding module specification"
     from planner.parallelism import RUNNER_HINT, runner_problem  # noqa: PLC0415
 
     if (no_run := runner_problem(plan.request)) is not None:     # hsdp or tensor parallelism: planned, not run

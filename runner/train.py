@@ -93,6 +93,10 @@ class Trainer:
         self.signals = Signals()
         self.signals.install()
         self.plan = load_plan(args.plan)
+        other = self.plan.request.trainer.name
+        if other != "nanoplan":       # a plan of another trainer's step: nanoplan run supervises that trainer
+            raise PlanError(args.plan, f"plans {other}'s training step, not nanoplan's runner",
+                            f"run it with: nanoplan run {args.plan} (it runs {other} under the plan's budget)")
         self.hyper = self.plan.request.hyper
         self.phash = plan_hash(self.plan)
         self.d = setup_dist(self.plan, args.force)

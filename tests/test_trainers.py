@@ -177,11 +177,13 @@ def test_validate_rederives_a_trainer_plan_and_catches_an_edit(tmp_path: Path) -
     assert any("trainer nanochat 2025-10: --strategy" in p for p in problems), problems
 
 
-def test_run_refuses_another_trainers_plan(tmp_path: Path, capsys) -> None:
+def test_run_refuses_a_trainer_plan_it_cannot_supervise(tmp_path: Path, capsys) -> None:
+    """nanochat's first release saves only at its end and cannot resume: `nanoplan run` refuses its plan (the
+    versions it runs under the budget: tests/test_trainer_run*.py)."""
     save_plan(nanochat_plan(20, "8xH100", 16), tmp_path / "plan.json")
     code, _, err = cli(["run", "plan.json", "--dry-run"], capsys, tmp_path)
     line, hint = error_and_hint(err)
-    assert code == 2 and "nanochat's training step" in line and "--for nanochat" in hint
+    assert code == 2 and "cannot resume" in line and "--trainer-version 2025-11" in hint
 
 
 def test_old_plans_stay_valid_with_the_same_hash(tmp_path: Path) -> None:

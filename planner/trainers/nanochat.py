@@ -175,9 +175,10 @@ class Nanochat(Trainer):
         v = self.version(req.trainer.version).key
         spec = req.model
         out: list[tuple[str, str, str]] = []
-        if gpu_kind != "gpu":
-            out.append(("--gpu", "nanoplan models nanochat's CUDA step (bf16, torch.compile, flash attention)",
-                        "plan it on a GPU profile"))
+        if gpu_kind == "cpu" and num_gpus > 1:   # runs/runcpu.sh: one `python -m scripts.base_train --device-type=cpu`
+            out.append(("--gpu", f"on a CPU it sets up no process group (nanochat/common.py compute_init joins one only "
+                        f"on CUDA), so {num_gpus} processes would train {num_gpus} unsynchronised copies",
+                        "use --gpu CPU (one process)"))
         if nodes > 1:
             out.append(("--gpu", "its launch is one node (`torchrun --standalone`, speedrun.sh)", "use one node"))
         want = model_spec(v, spec.n_layer, spec.seq_len, spec.vocab_size)
@@ -199,7 +200,10 @@ class Nanochat(Trainer):
                         "drop it, or lower the micro-batch"))
         if not req.compile:
             out.append(("--no-compile", "base_train.py always runs torch.compile(model)", "drop --no-compile"))
-        if req.precision != "bf16-autocast":
+        if gpu_kind == "cpu" and req.precision != "fp32":
+            out.append(("--precision", "on a CPU it computes in fp32 (nanochat/common.py: COMPUTE_DTYPE without CUDA)",
+                        "add --precision fp32"))
+        elif gpu_kind != "cpu" and req.precision != "bf16-autocast":
             out.append(("--precision", "it trains fp32 weights with bf16 matmuls (and a bf16 embedding)",
                         "drop --precision"))
         if req.loss_chunk_tokens != 0:

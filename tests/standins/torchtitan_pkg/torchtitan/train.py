@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", ".."))
 from standin_files import chain, knob, weights_at  # noqa: E402
 
-BOOLS = {"enable", "last-save-model-only", "enable-first-step-checkpoint"}
+BOOLS = {"enable", "last-save-model-only", "enable-first-step-checkpoint", "enable-sequence-parallel", "disable-cuda-graphs"}
 
 
 def parse(argv):
@@ -53,11 +53,14 @@ def parse(argv):
             flags[base] = not last.startswith("no-")
             i += 1
             continue
-        if i + 1 >= len(argv):
+        j = i + 1          # tyro takes every word up to the next flag or subcommand (betas: two floats)
+        while j < len(argv) and not argv[j].startswith("--") and ":" not in argv[j]:
+            j += 1
+        if j == i + 1:
             print(f"error: {a} needs a value", file=sys.stderr)
             sys.exit(2)
-        vals[key] = argv[i + 1]
-        i += 2
+        vals[key] = " ".join(argv[i + 1:j])
+        i = j
     return vals, flags, subs
 
 

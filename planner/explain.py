@@ -270,13 +270,9 @@ def _why_not_bigger(result: SearchResult, best: Candidate) -> str:
 
 
 def _run_hours(result: SearchResult) -> float | None:
-    """The full run length in hours of a budget or --hours search (None for --steps)."""
-    ln = result.length
-    if ln.hours is not None:
-        return ln.hours
-    if ln.budget_usd is not None:
-        return ln.budget_usd / (result.hw.num_gpus * result.hw.usd_per_gpu_hour)
-    return None
+    """The spend in hours that a budget or --hours search gave every run (None for --steps): the same
+    length that ranked them (planner.ranking.prefer_simpler), so explain's siblings are the ranking's."""
+    return None if result.length.steps is not None else result.spend_hours
 
 
 def _siblings(result: SearchResult, best: Candidate) -> list[Candidate]:
@@ -308,7 +304,7 @@ def why_settings(result: SearchResult, best: Candidate) -> list[str]:
     elif best.strategy == "zero1" and (twin := _ddp_twin(sib, best)) is not None:
         out.append(_why_zero1(result, best, twin))
     else:
-        ddp = [c for c in sib if c.strategy == "ddp"]
+        ddp = [c for c in same if c.strategy == "ddp"]   # fits at any length (a faster setting runs more steps)
         if ddp:
             d = min(ddp, key=lambda c: c.step_seconds)
             dmax = max(c.device_batch for c in ddp if c.activation_checkpointing == d.activation_checkpointing)

@@ -72,9 +72,12 @@ def objective_key(objective: str, c: Candidate) -> tuple:
 
 
 def length_key(c: Candidate, run_hours: float | None) -> tuple:
-    """Candidates of one model with the same key ran for the same length: the budget's or the
-    --hours' full time (run_hours), or a number of steps (--steps, an epoch cap or an epoch stop)."""
-    return ("hours", c.hours) if run_hours is not None and c.hours == run_hours else ("steps", c.steps)
+    """Candidates of one model with the same key ran for the same length: the spend `run_hours` (the
+    budget's or --hours' full time, or a shorter spend whose plan pins the whole steps that fit in it,
+    so each setting has its own step count), or a number of steps (--steps, an epoch cap or an epoch stop)."""
+    if run_hours is not None and (c.hours == run_hours or c.steps == _steps_at(run_hours, c.step_seconds)):
+        return ("hours", run_hours)
+    return ("steps", c.steps)
 
 
 def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None,

@@ -36,3 +36,27 @@ def test_a_strategy_that_fits_is_never_said_not_to_fit_and_ties_go_to_the_simple
     simplest = min(tied, key=lambda c: (c.activation_checkpointing, -c.device_batch, order.index(c.strategy)))
     assert (best.strategy, best.device_batch, best.activation_checkpointing) == (
         simplest.strategy, simplest.device_batch, simplest.activation_checkpointing)
+
+
+def test_an_unproven_speed_never_takes_a_mark_while_a_proven_row_can() -> None:
+    """8xB200's predicted speed is +69% against its public runs: on that speed alone it would be best, cheapest
+    and fastest. It keeps its row and '*', takes no mark, and the caption (markdown too) says what it would take."""
+    from planner.compare import DEFAULT_GPUS, caption, compare, records, to_markdown
+    from planner.profiles import find_profile, speed_off
+
+    cmp = compare(DEFAULT_GPUS, depth_ladder("nanochat"), Length(budget_usd=1000))
+    rows = {r.gpu: r for r in cmp.rows}
+    b200 = rows["8xB200"]
+    assert speed_off(find_profile("B200")) is not None and b200.unproven
+    assert not (b200.is_best or b200.is_cheapest or b200.is_fastest)
+    assert b200.would_take, "on its own numbers it would take a mark"
+    for flag in ("is_best", "is_cheapest", "is_fastest"):
+        marked = [r for r in cmp.rows if getattr(r, flag)]
+        assert len(marked) == 1 and not marked[0].unproven
+    assert f"Not marked: 8xB200 would take {b200.would_take}" in caption(cmp)
+    assert "Not marked: 8xB200" in to_markdown(cmp) and "* 8xB200: tokens/s +69%" in to_markdown(cmp)
+    rec = {r["gpu"]: r for r in records(cmp)}
+    assert rec["8xB200"]["speed_unproven"] is True and rec["8xH100-SXM"]["speed_unproven"] is False
+    # only unproven rows: the marks go to them (nothing else to recommend), and nothing is withheld
+    alone = compare(["8xB200", "8xH200"], depth_ladder("nanochat"), Length(budget_usd=1000))
+    assert sum(r.is_best for r in alone.rows) == 1 and not any(r.would_take for r in alone.rows)

@@ -27,10 +27,11 @@ from planner.plan import (
 )
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
 from planner.spot_plan import spot_hardware, spot_length, spot_warnings
+from planner.startup import fixed_seconds, paid_seconds, steps_within
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
 from planner.trainers.launch_files import launch_argv
-from planner.units import fmt_bytes, fmt_count
+from planner.units import fmt_bytes, fmt_count, fmt_duration
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
 MAX_EPOCHS = 4.0                       # Muennighoff et al. 2023: ~4 epochs ≈ fresh data
@@ -139,6 +140,22 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
     return out
 
 
+def _too_short(req: PlanRequest, hw: Hardware, hours: float, limited: str, step_s: float, fixed_s: float) -> PlanError:
+    """The error of a length that trains no step after the launch's start-up; the hint names a batch that would."""
+    what = (f"{fmt_duration(hours * 3600)}" if limited == "hours" else
+            f"${req.budget_usd:.3g} buys {fmt_duration(hours * 3600)} of {hw.spec}, which")
+    tokens, per = req.total_batch_tokens, req.model.seq_len * hw.num_gpus
+    left = hours * 3600 - fixed_s          # for one step, at half the time a step scales with (its fixed costs)
+    rows = math.floor(tokens * left / (2 * step_s) / per) if left > 0 else 0
+    smaller = (f"a smaller batch such as --total-batch-tokens {rows * per:,} ({rows} × {per:,}), "
+               if 1 <= rows and rows * per < tokens else "")
+    return PlanError("--hours" if limited == "hours" else "--budget",
+                     f"{what} leaves no time for one optimizer step of {tokens:,} tokens ({fmt_duration(step_s)}) after "
+                     f"the launch's start-up{' and compile warm-up' if req.compile else ''} ({fmt_duration(fixed_s)}); "
+                     "nothing would train",
+                     f"give {smaller}a longer --hours or a larger --budget, or --steps N")
+
+
 def checkpoint_disk_bytes(num_checkpoints: int, keep_last: int, checkpoint_bytes: int) -> int:
     """The most checkpoint bytes on disk at once: the kept ones (keep_last + the best) plus the one being
     written, since retention frees an old checkpoint only after the new one is complete. The runner also
@@ -163,9 +180,11 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu)
     usd_per_hour = g * hw.usd_per_gpu_hour
 
+    # the hours are the launch's paid hours: start-up and compile warm-up, then the steps (planner/startup.py)
+    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, req.compile)
     if req.steps is not None:
         steps = req.steps
-        hours = steps * tp.step_seconds / 3600
+        hours = paid_seconds(steps, tp.step_seconds, fixed_s) / 3600
         limited = "steps"
     else:
         if req.hours is not None:
@@ -175,18 +194,14 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                 raise PlanError("--budget", f"the price of {hw.spec} is $0/h, so a dollar budget sets no length",
                                 "give --price USD_PER_GPU_HOUR, --hours H or --steps N")
             hours, limited = req.budget_usd / usd_per_hour, "budget"
-        steps = math.floor(hours * 3600 / tp.step_seconds)
+        steps = steps_within(hours * 3600, tp.step_seconds, fixed_s)
         if steps < 1:     # not even one optimizer step: a plan of one step would overrun what was asked
-            what = (f"{req.hours:.3g} h" if limited == "hours" else
-                    f"${req.budget_usd:.3g} buys {hours * 3600:.3g} s of {hw.spec}, which")
-            raise PlanError("--hours" if limited == "hours" else "--budget",
-                            f"{what} is shorter than one optimizer step ({tp.step_seconds:.3g} s); nothing would train",
-                            "give a longer --hours, a larger --budget, or --steps N")
+            raise _too_short(req, hw, hours, limited, tp.step_seconds, fixed_s)
     if req.max_epochs is not None and req.dataset_tokens:
         cap = max(1, math.floor(req.max_epochs * req.dataset_tokens / tp.tokens_per_step))
         if steps > cap:
             steps, limited = cap, "epochs"
-            hours = steps * tp.step_seconds / 3600
+            hours = paid_seconds(steps, tp.step_seconds, fixed_s) / 3600
 
     N = tr.counts(spec, req.trainer).n_params if tr is not None else n_params(spec)
     w_bytes = 2 if req.precision == "bf16" else 4
@@ -241,7 +256,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                                   compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,
                                   exposed_comm_seconds=tp.exposed_comm_seconds,
                                   optimizer_seconds=tp.optimizer_seconds, micro_step_seconds=tp.micro_step_seconds),
-        budget=BudgetPlan(usd=usd, hours=hours, usd_per_hour=usd_per_hour, limited_by=limited),
+        budget=BudgetPlan(usd=usd, hours=hours, usd_per_hour=usd_per_hour, limited_by=limited,
+                          startup_seconds=fixed_s),
         schedule=sched,
         launch=LaunchPlan(run_dir=req.run_dir,
                           command=torchrun_command(plan_path, hw.gpus_per_node, req.run_dir, nnodes=hw.nodes,

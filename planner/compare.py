@@ -16,9 +16,10 @@ from typing import Any
 from planner.candidates import Candidate, Length, Settings
 from planner.errors import PlanError
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
-from planner.ranking import VALUE_TOL, objective_key
+from planner.ranking import VALUE_TOL, launch_fixed_s, objective_key
 from planner.selection import search
 from planner.spec import ModelSpec
+from planner.startup import paid_seconds
 from planner.units import GiB, fmt_count
 
 DEFAULT_GPUS = ("8xB200", "8xH200", "8xH100", "8xA100", "4xH100", "4xA100", "H100", "2x8xH100")
@@ -137,8 +138,9 @@ def compare(gpus: Sequence[str], models: Sequence[ModelSpec], length: Length, se
             except PlanError:
                 continue
             evaluated += fast.evaluated
-            if fast.best is not None:
-                r.ref_hours = ref_tokens / fast.best.tokens_per_sec / 3600
+            if fast.best is not None:   # the same launch as every plan: start-up and compile, then the steps
+                steps = math.ceil(ref_tokens / settings.total_batch_tokens)
+                r.ref_hours = paid_seconds(steps, fast.best.step_seconds, launch_fixed_s(fast)) / 3600
                 r.ref_usd = r.ref_hours * r.hw.num_gpus * r.hw.usd_per_gpu_hour
         timed = [r for r in rows if r.ref_hours is not None]
         if timed:

@@ -16,7 +16,15 @@ from planner.counts import n_params
 from planner.errors import PlanError
 from planner.memory import estimate
 from planner.memory_terms import StepConfig
-from planner.ranking import SETTINGS_TOL, VALUE_TOL, length_key, rank_key, with_objective, zero1_first
+from planner.ranking import (
+    SETTINGS_TOL,
+    VALUE_TOL,
+    launch_fixed_s,
+    length_key,
+    rank_key,
+    with_objective,
+    zero1_first,
+)
 from planner.scaling import R_STAR_D, R_STAR_N, data_optimal_params, effective_tokens
 from planner.spec import ModelSpec
 from planner.throughput import Throughput, estimate_throughput
@@ -278,8 +286,9 @@ def _run_hours(result: SearchResult) -> float | None:
 def _siblings(result: SearchResult, best: Candidate) -> list[Candidate]:
     """The other settings of the winner's model for the same run length."""
     rh = _run_hours(result)
-    key = length_key(best, rh)
-    return [c for c in result.ranked if c.spec == best.spec and length_key(c, rh) == key]
+    f = launch_fixed_s(result)
+    key = length_key(best, rh, f)
+    return [c for c in result.ranked if c.spec == best.spec and length_key(c, rh, f) == key]
 
 
 def why_settings(result: SearchResult, best: Candidate) -> list[str]:

@@ -219,6 +219,8 @@ class BudgetPlan(_Strict):
     hours: float = Field(gt=0, **Finite)
     usd_per_hour: float = Field(ge=0, **Finite)
     limited_by: Literal["budget", "hours", "steps", "epochs"]
+    # paid before the steps train: start-up, rendezvous, compile warm-up (planner/startup.py); in `hours`
+    startup_seconds: float = Field(default=0.0, ge=0, **Finite)
 
 
 class SchedulePlan(_Strict):

@@ -6,8 +6,8 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from planner.plan import Plan, ThroughputPlan
-from planner.units import fmt_bytes, fmt_count
+from planner.plan import BudgetPlan, Plan, ThroughputPlan
+from planner.units import fmt_bytes, fmt_count, fmt_duration, plural
 
 
 def _step_time(tp: ThroughputPlan) -> str:
@@ -30,6 +30,11 @@ def _kv(title: str | None, rows: list[tuple[str, str]]) -> Table:
 
 def _hours(h: float) -> str:
     return f"{h:.2f} h" if h >= 1 else f"{h * 60:.1f} min" if h * 60 >= 0.1 else f"{h * 3600:.1f} s"
+
+
+def _startup(b: BudgetPlan) -> str:
+    """'; 3.0 min of it start-up': the launch's start-up and compile warm-up, counted in the hours."""
+    return f"; {fmt_duration(b.startup_seconds)} of it start-up" if b.startup_seconds else ""
 
 
 def plan_tables(plan: Plan) -> Group:
@@ -55,19 +60,21 @@ def plan_tables(plan: Plan) -> Group:
     memt.add_row(Text("total", style=style), Text(fmt_bytes(mem.per_gpu_bytes), style=style),
                  Text(f"{mem.per_gpu_bytes / cap:.0%} of {fmt_bytes(cap)}", style=style))
     thr = _kv("Throughput", [
-        ("GPUs", f"{hw.spec} ({hw.num_gpus} GPUs, {hw.nodes} node{'s' if hw.nodes > 1 else ''})"),
-        ("batch", f"device batch {tr.device_batch_size} × seq {tr.seq_len} × {hw.num_gpus} GPUs × "
+        ("GPUs", f"{hw.spec} ({plural(hw.num_gpus, 'GPU')}, {plural(hw.nodes, 'node')})"),
+        ("batch", f"device batch {tr.device_batch_size} × seq {tr.seq_len} × {plural(hw.num_gpus, 'GPU')} × "
                   f"grad accum {tr.grad_accum_steps} = {s.tokens_per_step:,} tokens/step"),
         ("settings", f"{tr.precision}, {tr.optimizer}, {tr.strategy}, activation checkpointing "
                      f"{'on' if tr.activation_checkpointing else 'off'}, compile {'on' if tr.compile else 'off'}"),
-        ("tokens/s", f"{tp.tokens_per_sec:,.0f} (MFU {tp.mfu:.0%} assumed, {tp.effective_mfu:.0%} effective)"),
+        ("tokens/s", f"{tp.tokens_per_sec:,.0f} (MFU {tp.effective_mfu:.0%} over the whole step, which the hours "
+                     f"come from; {tp.mfu:.0%} in its compute)"),
         ("step time", _step_time(tp)),
     ])
     epochs = f"{s.epochs:.2f} over {fmt_count(s.dataset_tokens or 0)} tokens" if s.epochs is not None else "n/a (no --dataset-tokens)"
     bud = _kv("Budget and schedule", [
         ("price", f"${hw.usd_per_gpu_hour:.2f}/GPU-h from {hw.provider} ({hw.price_date}); ${b.usd_per_hour:.2f}/h"),
         ("length", f"{_hours(b.hours)}, ${b.usd:,.2f} (set by {b.limited_by}"
-                   + (f": stops at {plan.request.max_epochs:g} epochs" if b.limited_by == "epochs" else "") + ")"),
+                   + (f": stops at {plan.request.max_epochs:g} epochs" if b.limited_by == "epochs" else "") + ")"
+                   + _startup(b)),
         ("steps", f"{s.total_steps:,}"),
         ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}), {s.tokens_per_param:.1f} tokens/param"),
         ("epochs", epochs),
@@ -116,10 +123,11 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
         ("model", f"{m.name} ({spec.style}), {fmt_count(m.n_params)} params"),
         ("tokens", f"{fmt_count(s.total_tokens)} = {s.tokens_per_param:.1f} tokens/param{epochs}, "
                    f"{s.total_steps:,} steps"),
-        ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {hw.num_gpus} GPUs = "
+        ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {plural(hw.num_gpus, 'GPU')} = "
                   f"{s.tokens_per_step:,} tokens/step; {tr.strategy}, {ac}"),
-        ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s (MFU {tp.mfu:.0%}), {_hours(b.hours)}{stop}"),
-        ("cost", f"{_usd(b.usd)} at {price}"),
+        ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s (MFU {tp.effective_mfu:.0%}), {_hours(b.hours)}{stop}"),
+        ("cost", f"{_usd(b.usd)} at {price}" + (f", {fmt_duration(b.startup_seconds)} start-up included"
+                                                   if b.startup_seconds else "")),
         ("memory", f"{fmt_bytes(mem.per_gpu_bytes)} of {fmt_bytes(mem.capacity_bytes)} per GPU "
                    f"({mem.per_gpu_bytes / mem.capacity_bytes:.0%}): {verdict_}"),
         ("disk", f"{fmt_bytes(s.storage_bytes)} of checkpoints at peak (keep last {s.keep_last} + best + 1 "

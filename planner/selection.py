@@ -23,6 +23,7 @@ from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware, parse_gpu_spec
 from planner.ranking import OBJECTIVES, SETTINGS_TOL, choose, epoch_cap_steps, prefer_simpler, zero1_first
 from planner.spec import ModelSpec
+from planner.startup import fixed_seconds
 
 
 def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: Settings = Settings(), *,
@@ -40,10 +41,13 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     tb, usd_per_hour = settings.total_batch_tokens, grid.usd_per_hour
     run_hours = (length.hours if length.hours is not None else
                  length.budget_usd / usd_per_hour if length.budget_usd is not None else 0.0)
+    compiled = hw.profile.kind == "gpu" if settings.compile is None else settings.compile   # SearchResult.compiled
+    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, compiled)     # every run pays its launch (planner/startup.py)
     spend_hours, ranked, size_cap = choose(grid.fitting, objective, length.steps, run_hours, tb,
-                                           settings.dataset_tokens, epoch_cap_steps(settings), usd_per_hour)
+                                           settings.dataset_tokens, epoch_cap_steps(settings), usd_per_hour, fixed_s)
     if settings_tol > 0:
-        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None, zero1_first(hw))
+        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None, zero1_first(hw),
+                                fixed_s)
     return SearchResult(hw=hw, objective=objective, settings=settings, length=length, models=tuple(models),
                         micro_batches=grid.micro_batches, strategies=tuple(strategies), ac_options=tuple(ac_options),
                         ranked=ranked, evaluated=grid.evaluated, capacity=grid.capacity,

@@ -44,6 +44,25 @@ def fmt_count(n: float) -> str:
     return f"{n:.3g}"
 
 
+def fmt_duration(seconds: float) -> str:
+    """A duration as people read it: '0.35 s', '42 s', '3.2 min', '5.1 h', '2.5 d' (never '7.353e-05 h')."""
+    s = abs(seconds)
+    if s < 10:
+        return f"{seconds:.2g} s" if s < 1 else f"{seconds:.1f} s"
+    if s < 90:
+        return f"{seconds:.0f} s"
+    if s < 5400:
+        return f"{seconds / 60:.1f} min"
+    if s < 72 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 GPU', '8 GPUs', '1 accumulation step', '4 accumulation steps'."""
+    return f"{n:,} {word if n == 1 else words or word + 's'}"
+
+
 def fmt_bytes(n: float) -> str:
     """Bytes in GiB (or MiB below 1 GiB)."""
     if abs(n) >= GiB:

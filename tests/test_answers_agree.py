@@ -60,3 +60,50 @@ def test_an_unproven_speed_never_takes_a_mark_while_a_proven_row_can() -> None:
     # only unproven rows: the marks go to them (nothing else to recommend), and nothing is withheld
     alone = compare(["8xB200", "8xH200"], depth_ladder("nanochat"), Length(budget_usd=1000))
     assert sum(r.is_best for r in alone.rows) == 1 and not any(r.would_take for r in alone.rows)
+
+
+def test_every_plan_pays_its_launch_in_hours_and_dollars_as_the_spot_model_does() -> None:
+    """A plan's hours are what the runner's budget clock counts (it starts with `nanoplan run`): the launch's
+    start-up and compile warm-up (planner/spot.py's constants, one source), then the steps."""
+    from planner.build import build_plan
+    from planner.plan import PlanRequest, SpotRequest
+    from planner.profiles import find_profile
+    from planner.spec import nanochat
+    from planner.spot import COMPILE_S, START_UP_S, WARM_STEPS
+
+    base = dict(gpu="8xH100", profile=find_profile("H100"), model=nanochat(4))
+    p = build_plan(PlanRequest.model_validate({**base, "steps": 100}))
+    step = p.throughput.step_seconds
+    assert p.budget.startup_seconds == START_UP_S["gpu"] + COMPILE_S["gpu"]
+    assert p.budget.hours * 3600 == _approx(p.budget.startup_seconds + 100 * step)
+    assert p.budget.usd == _approx(p.budget.hours * p.budget.usd_per_hour)
+    # the spot model's launch pays the same (its restart, less the checkpoint load and the cold steps it loses)
+    sp = build_plan(PlanRequest.model_validate({**base, "steps": 100, "spot": SpotRequest(mtbi_hours=6)})).spot
+    assert sp.restart_parts["start_up"] + sp.restart_parts["compile_warmup"] - WARM_STEPS * step == _approx(
+        p.budget.startup_seconds)
+    # a budget: its hours are the budget's, and the steps are those that fit after the launch
+    b = build_plan(PlanRequest.model_validate({**base, "budget_usd": 10}))
+    assert b.budget.usd == _approx(10) and b.budget.startup_seconds > 0
+    assert b.schedule.total_steps == int((b.budget.hours * 3600 - 180) / step)
+    # CPU, no compile: the CPU start-up alone
+    cpu = build_plan(PlanRequest.model_validate({"gpu": "CPU", "profile": find_profile("CPU"), "model": nanochat(2),
+                                                 "steps": 3, "precision": "fp32", "compile": False}))
+    assert cpu.budget.startup_seconds == START_UP_S["cpu"]
+
+
+def test_the_search_counts_the_launch_as_its_plan_does() -> None:
+    """The runners-up table and compare show the hours and dollars the written plan has."""
+    from planner.selection import plan_for_best
+
+    for r in (search(depth_ladder("nanochat"), parse_gpu_spec("8xH100"), Length(budget_usd=100)), _dataset_search()):
+        plan = plan_for_best(r, {"gpu": "8xH100", "profile": r.hw.profile, "budget_usd": 1000 if
+                                 r.settings.dataset_tokens else 100, "dataset_tokens": r.settings.dataset_tokens})
+        assert plan.schedule.total_steps == r.best.steps
+        assert plan.budget.hours == _approx(r.best.hours) and plan.budget.usd == _approx(r.best.usd)
+        assert plan.budget.startup_seconds == 180
+
+
+def _approx(x: float):  # noqa: ANN202
+    import pytest
+
+    return pytest.approx(x, rel=1e-9)

@@ -282,20 +282,38 @@ def _model_plan(req: PlanRequest) -> ModelPlan:
                      matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec))
 
 
+def _show(v: object) -> str:
+    """A value in a sentence: a command as a shell line, a number with its digits, text as it is."""
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        import shlex  # noqa: PLC0415
+
+        return shlex.join(v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return "none" if v is None else str(v)
+
+
 def _diff(path: str, stored: object, fresh: object, out: list[str]) -> None:
     if isinstance(stored, dict) and isinstance(fresh, dict):
         for k in sorted(set(stored) | set(fresh)):
             _diff(f"{path}.{k}" if path else k, stored.get(k), fresh.get(k), out)
     elif isinstance(stored, float) or isinstance(fresh, float):
         if stored is None or fresh is None or not math.isclose(float(stored), float(fresh), rel_tol=1e-6, abs_tol=1e-9):
-            out.append(f"{path}: plan says {stored!r}, re-derived {fresh!r}")
+            out.append(f"{path} is {_show(stored)} in the plan, {_show(fresh)} re-derived")
     elif stored != fresh:
-        out.append(f"{path}: plan says {stored!r}, re-derived {fresh!r}")
+        out.append(f"{path} is {_show(stored)} in the plan, {_show(fresh)} re-derived")
 
 
 def rederive(plan: Plan, plan_path: str | None = None) -> tuple[Plan, list[str]]:
-    """Rebuild a plan from its request; return the fresh plan and any stale or tampered fields."""
-    fresh = build_plan(plan.request, plan_path=plan_path or _plan_path_in(plan))
+    """Rebuild a plan from its request; return the fresh plan and any stale or tampered fields.
+
+    The launch line names the file estimate wrote (`--plan PATH`): a plan copied or moved elsewhere is the same
+    plan, so the comparison rebuilds it at its recorded path whatever `plan_path` (where it is now) says, and
+    `run` and `validate` agree on it."""
+    del plan_path     # where the plan is now: not a derived number
+    fresh = build_plan(plan.request, plan_path=_plan_path_in(plan))
     problems: list[str] = []
     s, f = plan.model_dump(mode="json"), fresh.model_dump(mode="json")
     for key in ("hardware", "model", "training", "memory", "throughput", "budget", "schedule", "launch", "spot"):

@@ -107,3 +107,31 @@ def _approx(x: float):  # noqa: ANN202
     import pytest
 
     return pytest.approx(x, rel=1e-9)
+
+
+def test_a_copied_plan_is_the_same_plan_for_run_and_validate_and_a_stale_one_is_said_in_words(tmp_path) -> None:
+    """`run` re-derived a copied plan at its new path and warned that the launch line differed, while `validate`
+    said consistent: both now rebuild it at the path it records, and a difference reads as a sentence."""
+    import shutil
+
+    from planner.build import rederive
+    from planner.plan import load_plan
+    from planner.validate import validate_paths
+    from tests.conftest import make_tiny_plan
+
+    src = make_tiny_plan(tmp_path / "a" / "plan.json", None, steps=10)
+    (tmp_path / "b").mkdir()
+    dst = tmp_path / "b" / "copy.json"
+    shutil.copy(src, dst)
+    assert rederive(load_plan(dst), str(dst))[1] == []              # what `run` asks
+    assert validate_paths([str(dst)])[0].consistent                   # what `validate` says
+    raw = dst.read_text().replace('"total_steps": 10', '"total_steps": 11')
+    dst.write_text(raw)
+    problems = rederive(load_plan(dst), str(dst))[1]
+    assert problems == ["schedule.total_steps is 11 in the plan, 10 re-derived"]
+    plan = load_plan(src)
+    cmd = [*plan.launch.command[:-1], "elsewhere"]
+    edited = plan.model_copy(update={"launch": plan.launch.model_copy(update={"command": cmd})})
+    (line,) = rederive(edited)[1]
+    assert line.startswith("launch.command is python -m torch.distributed.run ") and "'" not in line, line
+    assert " --run-dir elsewhere in the plan, python -m " in line

@@ -62,6 +62,25 @@ def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta
     return meta, toks
 
 
+def check_run_dir(run_dir: str) -> None:
+    """--run-dir of estimate: the plan file records it, and `nanoplan run` refuses a plan whose run dir is not
+    relative (planner.plan.run_dir_problem): refuse it here, before a plan is written."""
+    from planner.plan import run_dir_problem  # noqa: PLC0415
+
+    if (why := run_dir_problem(run_dir)) is not None:
+        raise PlanError("--run-dir", why, "give a path under this directory (runs/NAME), or keep the default and "
+                        f"give `nanoplan run plan.json --run-dir {run_dir}` when you run it")
+
+
+def check_vocab(vocab_size: int | None, meta: DataMeta | None, data: str | None) -> None:
+    """--vocab-size against --data's: a model with fewer token ids than the data's tokenizer cannot embed its
+    tokens, and `nanoplan run` refuses it; a larger one (padding, e.g. to a multiple of 64) is allowed."""
+    if vocab_size is not None and meta is not None and vocab_size < meta.vocab_size:
+        raise PlanError("--vocab-size", f"{vocab_size:,} is smaller than the vocab of {data} ({meta.vocab_size:,} "
+                        "token ids): the model could not embed its tokens", f"drop --vocab-size (--data sets "
+                        f"{meta.vocab_size:,}), or give one >= {meta.vocab_size:,}")
+
+
 # ---------------------------------------------------------------- help text shared by the commands
 
 FLAG = ""   # metavar for on/off flags: help shows no value type (a flag takes no value)

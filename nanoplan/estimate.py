@@ -12,6 +12,8 @@ from rich.console import Console
 from nanoplan.cli import app
 from nanoplan.common import (
     FLAG,
+    check_run_dir,
+    check_vocab,
     examples,
     price_of,
     resolve_data,
@@ -165,6 +167,8 @@ def estimate(
 
         usd = usd / parse_gpu_spec(gpu, profile=prof).gpus_per_node   # PlanRequest.price is per GPU-hour
     meta, ds_tokens = resolve_data(data, dataset_tokens)
+    check_vocab(vocab_size, meta, data)
+    check_run_dir(run_dir)
     if max_epochs is None and ds_tokens:   # one rule for searched and pinned models: the search's fresh-data cap
         from planner.candidates import FRESH_EPOCHS  # noqa: PLC0415
 

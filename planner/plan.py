@@ -299,6 +299,17 @@ class Plan(_Strict):
     warnings: list[str] = []
 
 
+def run_dir_problem(raw: str) -> str | None:
+    """Why a plan file may not name this run dir, or None. A plan may be someone else's file, so the directory
+    it names must be relative and free of '..' (it lands under the current directory); any other place is asked
+    for on the command line (`nanoplan run --run-dir`). `estimate` refuses to write such a plan, `run` such a file."""
+    p = Path(raw)
+    if not raw.strip() or p.is_absolute() or ".." in p.parts or raw.startswith("~"):
+        return (f"is {raw!r}; a plan file may only name a run dir inside the current directory "
+                "(relative, without '..')")
+    return None
+
+
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temp file in the same directory, fsync, then rename over the target."""
     p = Path(path)

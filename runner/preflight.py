@@ -13,7 +13,7 @@ from pathlib import Path
 
 from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
-from planner.plan import Plan
+from planner.plan import Plan, run_dir_problem
 from planner.units import fmt_bytes
 from runner.checkpoint_layout import BEST, CKPT_DIR, complete_steps, list_steps, step_dir
 from runner.checkpoint_meta import RESUME_HINT, read_meta, resume_mismatch
@@ -92,11 +92,7 @@ def check_plan_run_dir(raw: str) -> str | None:
     '..': it lands under the current directory. Any other place must be asked for on the
     command line with --run-dir.
     """
-    p = Path(raw)
-    if not raw.strip() or p.is_absolute() or ".." in p.parts or raw.startswith("~"):
-        return (f"is {raw!r}; a plan file may only name a run dir inside the current directory "
-                "(relative, without '..')")
-    return None
+    return run_dir_problem(raw)     # one rule: estimate refuses to write what run refuses
 
 
 def check_run_dir_contained(run_dir: Path) -> str | None:

@@ -135,3 +135,43 @@ def test_a_copied_plan_is_the_same_plan_for_run_and_validate_and_a_stale_one_is_
     (line,) = rederive(edited)[1]
     assert line.startswith("launch.command is python -m torch.distributed.run ") and "'" not in line, line
     assert " --run-dir elsewhere in the plan, python -m " in line
+
+
+def run_cli(monkeypatch, capsys, *args: str, columns: int = 80) -> tuple[int, str, str]:  # noqa: ANN001
+    """nanoplan in this process: (exit code, stdout, stderr)."""
+    import sys
+
+    import pytest
+
+    from nanoplan.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["nanoplan", *args])
+    monkeypatch.setenv("COLUMNS", str(columns))
+    monkeypatch.setenv("LINES", "24")
+    with pytest.raises(SystemExit) as e:
+        main()
+    out = capsys.readouterr()
+    return int(e.value.code or 0), out.out, out.err
+
+
+def test_estimate_refuses_the_plans_run_would_refuse(monkeypatch, capsys, tmp_path, tiny_data) -> None:
+    """An absolute (or '..') --run-dir and a --vocab-size below --data's: one error line at estimate, no plan."""
+    monkeypatch.chdir(tmp_path)
+    base = ("estimate", "--gpu", "CPU", "--depth", "2", "--seq-len", "64", "--total-batch-tokens", "1024",
+            "--steps", "5", "--out", "p.json")
+    for bad in (str(tmp_path / "abs"), "../up", "~/home"):
+        code, out, err = run_cli(monkeypatch, capsys, *base, "--run-dir", bad)
+        assert code == 2 and err.startswith(f"error: --run-dir: is {bad!r}; a plan file may only name") and \
+            len(err.splitlines()) == 2, err
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--data", str(tiny_data), "--vocab-size", "200")
+    assert code == 2 and err.startswith(f"error: --vocab-size: 200 is smaller than the vocab of {tiny_data} (256 "), err
+    assert not (tmp_path / "p.json").exists()
+    # what estimate accepts, run's own check accepts: a relative run dir, a vocab padded past the data's
+    code, _, err = run_cli(monkeypatch, capsys, *base, "--data", str(tiny_data), "--vocab-size", "320",
+                           "--run-dir", "runs/mine")
+    assert code == 0, err
+    from planner.plan import load_plan
+    from runner.preflight import check_data, check_plan_run_dir
+
+    plan = load_plan(tmp_path / "p.json")
+    assert check_plan_run_dir(plan.launch.run_dir) is None and check_data(plan, tiny_data).vocab_size == 256

@@ -30,7 +30,10 @@ from planner.spec import ModelSpec
 from planner.throughput import Throughput, estimate_throughput
 from planner.units import fmt_bytes, fmt_count
 
-FIT_VOCAB = (32_000, 65_536)   # Chinchilla's 32k SentencePiece vocab (Hoffmann et al. 2022) .. nanochat's 65,536
+# vocabularies near the loss fit's: Muennighoff et al. 2023 fitted on C4 with the GPT-2 tokenizer (50,257);
+# 32k (Llama 2's) .. 65,536 (nanochat's) are taken as close enough to rank runs
+FIT_VOCAB = (32_000, 65_536)
+LOSS_FIT = "Muennighoff et al. 2023 fit"   # planner/scaling.py: the law the loss column comes from
 MUCH_CHEAPER = 0.8   # "much less": at most 80% of the winner's cost
 
 
@@ -62,7 +65,7 @@ def _vocab(result: SearchResult) -> int:
 
 
 def loss_header(result: SearchResult) -> str:
-    """'loss', or 'loss*' where the vocabulary is outside the range the Chinchilla fit was made on."""
+    """'loss', or 'loss*' where the vocabulary is far from the one the loss fit was made with (GPT-2's)."""
     return "loss" if FIT_VOCAB[0] <= _vocab(result) <= FIT_VOCAB[1] else "loss*"
 
 
@@ -70,7 +73,8 @@ def loss_caption(result: SearchResult) -> str | None:
     """The footnote of 'loss*': the fitted loss only ranks runs at this vocabulary."""
     if loss_header(result) == "loss":
         return None
-    return (f"* Chinchilla fit (vocab 32k–65k): ranks runs, not a loss to expect at vocab {_vocab(result):,}")
+    return (f"* {LOSS_FIT} (C4, GPT-2 tokenizer, vocab 50,257): ranks runs, not a loss to expect at vocab "
+            f"{_vocab(result):,}")
 
 
 def nothing_fits(result: SearchResult) -> PlanError:

@@ -175,3 +175,12 @@ def test_estimate_refuses_the_plans_run_would_refuse(monkeypatch, capsys, tmp_pa
 
     plan = load_plan(tmp_path / "p.json")
     assert check_plan_run_dir(plan.launch.run_dir) is None and check_data(plan, tiny_data).vocab_size == 256
+
+
+def test_the_loss_is_labelled_with_the_law_it_comes_from() -> None:
+    """planner/scaling.py is Muennighoff et al.'s data-constrained fit, not Hoffmann et al.'s (Chinchilla)."""
+    from planner.explain import loss_caption
+
+    r = search(depth_ladder("nanochat", vocab_size=256), parse_gpu_spec("8xH100"), Length(budget_usd=100))
+    cap = loss_caption(r) or ""
+    assert cap.startswith("* Muennighoff et al. 2023 fit (C4, GPT-2 tokenizer") and "Chinchilla" not in cap

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 from typing import Annotated, Optional
 
 import typer
@@ -26,7 +25,6 @@ from planner.errors import PlanError
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.plan import Plan, save_plan
 from planner.report import EXPLAIN_HINT, print_plan, print_summary, verdict, wrap_fields
-from planner.scaling import TOKENS_PER_PARAM as CHINCHILLA_TOKENS_PER_PARAM
 from planner.spec import ModelSpec
 from planner.units import parse_count, parse_hours, parse_money
 
@@ -184,8 +182,8 @@ def estimate(
                              n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
     is_cpu = prof.kind == "cpu"
     default_length = spec is not None and budget_usd is None and hours_h is None and n_steps is None
-    if default_length:   # a model but no length: a compute-optimal run (Chinchilla's ~20 tokens/param)
-        n_steps = chinchilla_steps(spec, total_batch_tokens)
+    if default_length:   # a model but no length: the trainer's own rule, else Chinchilla's 20 tokens/param
+        n_steps, why_length = default_steps(spec, trainer, trainer_version, total_batch_tokens)
     base = dict(
         gpu=gpu, profile=prof, provider=provider, price=usd, device_batch_size=device_batch_size,
         total_batch_tokens=total_batch_tokens, precision=precision or ("fp32" if is_cpu else "bf16-autocast"),
@@ -204,8 +202,8 @@ def estimate(
         console.print(f"! no --style: nanochat family assumed (vocab {spec.vocab_size:,}); add --style gpt2 or llama",
                       style="yellow", highlight=False, soft_wrap=True)
     if default_length and not json_out:
-        console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
-                      f"{n_steps:,} steps", style="dim", highlight=False)
+        console.print(f"No --budget/--hours/--steps: {why_length}: {n_steps:,} steps", style="dim", highlight=False,
+                      soft_wrap=False)
     if trainer != "nanoplan" and spot:
         raise PlanError("--spot", "plans nanoplan's runner on spot GPUs", "drop --trainer, or --spot")
     if trainer != "nanoplan":
@@ -293,9 +291,17 @@ def _plot_memory(plan: Plan, path: str) -> None:
     draw(step_memory(plan).as_dict(), path)
 
 
-def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:
-    """Optimizer steps for ~20 tokens per parameter (Hoffmann et al. 2022), at least one."""
-    return max(1, math.ceil(CHINCHILLA_TOKENS_PER_PARAM * n_params(spec) / total_batch_tokens))
+def default_steps(spec: ModelSpec, trainer: str, version: str | None, total_batch_tokens: int) -> tuple[int, str]:
+    """(steps, why) of a run given a model and no length: the trainer's own default (nanochat's base_train.py),
+    else Chinchilla's 20 tokens per parameter, counting the parameters the plan counts (its tokens/param)."""
+    from planner.plan import TrainerRef  # noqa: PLC0415
+    from planner.trainers import chinchilla_steps, trainer_for  # noqa: PLC0415
+
+    tr = trainer_for(TrainerRef(name=trainer, version=version)) if trainer != "nanoplan" else None  # type: ignore[arg-type]
+    if tr is None:
+        return chinchilla_steps(n_params(spec), total_batch_tokens)
+    ref = TrainerRef(name=trainer, version=tr.version(version).key)  # type: ignore[arg-type]
+    return tr.default_steps(spec, ref, total_batch_tokens)
 
 
 def _spot_request(spot: bool, mtbi: str | None, minutes: float | None) -> object:

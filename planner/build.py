@@ -103,7 +103,7 @@ def choose_batch(req: PlanRequest, hw: Hardware) -> int:
 
 
 def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sched: SchedulePlan,
-              n: int, limited: str = "") -> list[str]:
+              n: int, limited: str = "", per: str = "param") -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
     v = verdict_for(mem.allocated_peak, hw, req.headroom)
@@ -116,14 +116,14 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
                    f"{req.headroom:.0%} headroom; {fix}")
     if sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM and req.max_epochs and sched.epochs \
             and sched.epochs >= req.max_epochs * 0.999:
-        out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/param after {sched.epochs:.1f} epochs "
+        out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/{per} after {sched.epochs:.1f} epochs "
                    f"(--max-epochs {req.max_epochs:g}); more unique data would let this model train longer")
     elif limited == "epochs":
         asked = "--budget" if req.budget_usd is not None else "--hours" if req.hours is not None else "--steps"
         out.append(f"stops at {req.max_epochs:g} epochs of {fmt_count(sched.dataset_tokens or 0)} tokens, short of "
                    f"{asked}; --max-epochs N trains longer on repeats (past {MAX_EPOCHS:.0f} they lose value)")
     elif sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM:
-        out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/param (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
+        out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/{per} (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
                    f"Chinchilla-optimal is ~20); a smaller model or more hours would use the budget better")
     if sched.epochs is not None and sched.epochs > MAX_EPOCHS:
         out.append(f"repeated data: {sched.epochs:.1f} epochs over {fmt_count(sched.dataset_tokens or 0)} tokens "
@@ -204,6 +204,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
             hours = paid_seconds(steps, tp.step_seconds, fixed_s) / 3600
 
     N = tr.counts(spec, req.trainer).n_params if tr is not None else n_params(spec)
+    N_ratio, per = tr.ratio_params(spec, req.trainer) if tr is not None else (N, "param")   # what tokens/param counts
     w_bytes = 2 if req.precision == "bf16" else 4
     model_file = N * w_bytes
     opt_elems = 2 * N if req.optimizer == "adamw" else (matrix_params(spec) + 2 * (N - matrix_params(spec)))
@@ -226,7 +227,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
 
     sched = SchedulePlan(
         total_steps=steps, tokens_per_step=tp.tokens_per_step, total_tokens=tokens,
-        tokens_per_param=tokens / N, dataset_tokens=req.dataset_tokens, epochs=epochs,
+        tokens_per_param=tokens / N_ratio, dataset_tokens=req.dataset_tokens, epochs=epochs,
         checkpoint_every_minutes=ckpt_minutes, checkpoint_every_steps=ckpt_steps,
         num_checkpoints=n_ckpt, model_file_bytes=model_file, optimizer_bytes_per_rank=opt_rank,
         checkpoint_bytes=ckpt_bytes, keep_last=req.keep_last, storage_bytes=storage,
@@ -266,7 +267,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                           launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
                                       steps, ckpt_steps)),
         spot=spot,
-        warnings=_warnings(req, hw, mem, fit, sched, N, limited) + (spot_warnings(req, spot) if spot else []),
+        warnings=_warnings(req, hw, mem, fit, sched, N, limited, per) + (spot_warnings(req, spot) if spot else []),
     )
 
 

@@ -32,6 +32,17 @@ def _hours(h: float) -> str:
     return f"{h:.2f} h" if h >= 1 else f"{h * 60:.1f} min" if h * 60 >= 0.1 else f"{h * 3600:.1f} s"
 
 
+def per_param(plan: Plan) -> str:
+    """'tokens/param', or the trainer's own count where it has one: 'tokens/scaling param (435M)'."""
+    from planner.trainers import trainer_for  # noqa: PLC0415
+
+    tr = trainer_for(plan.request.trainer)
+    if tr is None:
+        return "tokens/param"
+    n, name = tr.ratio_params(plan.request.model, plan.request.trainer)
+    return "tokens/param" if name == "param" else f"tokens/{name} ({fmt_count(n)})"
+
+
 def _startup(b: BudgetPlan) -> str:
     """'; 3.0 min of it start-up': the launch's start-up and compile warm-up, counted in the hours."""
     return f"; {fmt_duration(b.startup_seconds)} of it start-up" if b.startup_seconds else ""
@@ -76,7 +87,7 @@ def plan_tables(plan: Plan) -> Group:
                    + (f": stops at {plan.request.max_epochs:g} epochs" if b.limited_by == "epochs" else "") + ")"
                    + _startup(b)),
         ("steps", f"{s.total_steps:,}"),
-        ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}), {s.tokens_per_param:.1f} tokens/param"),
+        ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}), {s.tokens_per_param:.1f} {per_param(plan)}"),
         ("epochs", epochs),
         ("checkpoints", f"every {s.checkpoint_every_minutes:g} min ≈ {s.checkpoint_every_steps:,} steps; "
                         f"{s.num_checkpoints} in all, {fmt_bytes(s.checkpoint_bytes)} each"),
@@ -121,7 +132,7 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     ac = "checkpointing on" if tr.activation_checkpointing else "checkpointing off"
     return [
         ("model", f"{m.name} ({spec.style}), {fmt_count(m.n_params)} params"),
-        ("tokens", f"{fmt_count(s.total_tokens)} = {s.tokens_per_param:.1f} tokens/param{epochs}, "
+        ("tokens", f"{fmt_count(s.total_tokens)} = {s.tokens_per_param:.1f} {per_param(plan)}{epochs}, "
                    f"{s.total_steps:,} steps"),
         ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {plural(hw.num_gpus, 'GPU')} = "
                   f"{s.tokens_per_step:,} tokens/step; {tr.strategy}, {ac}"),

@@ -184,3 +184,28 @@ def test_the_loss_is_labelled_with_the_law_it_comes_from() -> None:
     r = search(depth_ladder("nanochat", vocab_size=256), parse_gpu_spec("8xH100"), Length(budget_usd=100))
     cap = loss_caption(r) or ""
     assert cap.startswith("* Muennighoff et al. 2023 fit (C4, GPT-2 tokenizer") and "Chinchilla" not in cap
+
+
+def test_a_default_length_and_the_summary_count_the_same_parameters(monkeypatch, capsys, tmp_path) -> None:
+    """nanochat 2026-07 trains 12 tokens per "scaling param" (transformer matrices + lm_head) when given no
+    length (scripts/base_train.py at 92d63d4); the summary and the warnings count the same parameters, so the
+    header no longer says 20 tokens/param while the summary says 10.6."""
+    from planner.plan import load_plan
+
+    monkeypatch.chdir(tmp_path)
+    code, out, err = run_cli(monkeypatch, capsys, "estimate", "--trainer", "nanochat", "--depth", "20", "--gpu",
+                             "A100-40GB", "--out", "p.json", columns=200)
+    assert code == 0, err
+    scaling = 12 * 20 * 1280**2 + 32768 * 1280 + 10 * 12 * 10   # blocks + lm_head + ve gates (10 layers × 12 × 10)
+    assert scaling == 435_160_240
+    steps = int(12 * scaling) // 524_288
+    plan = load_plan(tmp_path / "p.json")
+    assert plan.schedule.total_steps == steps and plan.schedule.tokens_per_param == _approx(steps * 524_288 / scaling)
+    text = " ".join(out.split())
+    assert "12 tokens per scaling param (its transformer matrices + lm_head, 435M of 897M params" in text
+    assert f"= {steps * 524_288 / scaling:.1f} tokens/scaling param (435M)" in text and "undertrained" not in text
+    # nanoplan's own runner: Chinchilla's 20 over every parameter, and the summary says 20.0 of the same
+    code, out, err = run_cli(monkeypatch, capsys, "estimate", "--depth", "20", "--out", "q.json", columns=200)
+    text = " ".join(out.split())
+    assert "20 tokens per parameter (Chinchilla's rule), over all 561M parameters" in text
+    assert "= 20.0 tokens/param" in text

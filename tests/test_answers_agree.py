@@ -209,3 +209,22 @@ def test_a_default_length_and_the_summary_count_the_same_parameters(monkeypatch,
     text = " ".join(out.split())
     assert "20 tokens per parameter (Chinchilla's rule), over all 561M parameters" in text
     assert "= 20.0 tokens/param" in text
+
+
+def test_the_summary_shows_the_mfu_the_hours_come_from() -> None:
+    """The hours come from tokens/s, i.e. the whole step's MFU; the compute phase's MFU is higher (48% vs 28%)."""
+    from planner.build import build_plan
+    from planner.plan import PlanRequest
+    from planner.profiles import find_profile
+    from planner.report import summary_rows
+    from planner.spec import nanochat
+
+    p = build_plan(PlanRequest.model_validate({"gpu": "8xH100", "profile": find_profile("H100"), "model": nanochat(6),
+                                               "steps": 1000}))
+    tp = p.throughput
+    assert round(tp.mfu, 2) != round(tp.effective_mfu, 2)
+    assert tp.effective_mfu == _approx(tp.tokens_per_sec * tp.flops_per_token / (8 * tp.peak_flops_per_gpu))
+    speed = dict(summary_rows(p))["speed"]
+    assert f"(MFU {tp.effective_mfu:.0%})" in speed and f"{tp.mfu:.0%}" not in speed
+    assert p.budget.hours * 3600 == _approx(p.budget.startup_seconds + 1000 * p.schedule.tokens_per_step /
+                                            tp.tokens_per_sec)

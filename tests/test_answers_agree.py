@@ -223,7 +223,7 @@ def test_the_summary_shows_the_mfu_the_hours_come_from() -> None:
                                                "steps": 1000}))
     tp = p.throughput
     assert round(tp.mfu, 2) != round(tp.effective_mfu, 2)
-    assert tp.effective_mfu == _approx(tp.tokens_per_sec * tp.flops_per_token / (8 * tp.peak_flops_per_gpu))
+    assert tp.effective_mfu == _approx(tp.tokens_per_sec * p.model.flops_per_token / (8 * tp.peak_flops_per_gpu))
     speed = dict(summary_rows(p))["speed"]
     assert f"(MFU {tp.effective_mfu:.0%})" in speed and f"{tp.mfu:.0%}" not in speed
     assert p.budget.hours * 3600 == _approx(p.budget.startup_seconds + 1000 * p.schedule.tokens_per_step /

@@ -62,6 +62,27 @@ def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta
     return meta, toks
 
 
+DEFAULT_BATCH_TOKENS = 524_288   # 2**19 tokens per optimizer step: nanochat's default total batch
+
+
+def batch_tokens(tokens: str | None, seqs: str | None, seq_len: int) -> int:
+    """--total-batch-tokens (524288, 512Ki, 1M) or --total-batch-seqs (256: sequences of seq_len tokens), one of
+    them; the default is 524,288 tokens."""
+    if tokens is not None and seqs is not None:
+        raise PlanError("--total-batch-seqs", "conflicts with --total-batch-tokens",
+                        "give the batch once: in tokens, or in sequences")
+    if seqs is not None:
+        return parse_count(seqs, "--total-batch-seqs") * seq_len
+    return parse_count(tokens, "--total-batch-tokens") if tokens is not None else DEFAULT_BATCH_TOKENS
+
+
+def at_least(*options: tuple[str, int | None, int]) -> None:
+    """Each (flag, value, least) given: value >= least, else the one-line error (None: not given)."""
+    for flag, value, least in options:
+        if value is not None and value < least:
+            raise PlanError(flag, f"must be at least {least}, got {value}")
+
+
 def check_run_dir(run_dir: str) -> None:
     """--run-dir of estimate: the plan file records it, and `nanoplan run` refuses a plan whose run dir is not
     relative (planner.plan.run_dir_problem): refuse it here, before a plan is written."""

@@ -11,6 +11,7 @@ from rich.console import Console
 from nanoplan.cli import app
 from nanoplan.common import (
     FLAG,
+    batch_tokens,
     check_run_dir,
     check_vocab,
     examples,
@@ -75,8 +76,11 @@ def estimate(
     seq_len: Annotated[Optional[int], Opt(metavar="T", rich_help_panel=MODEL, help="Sequence length")] = None,
     device_batch_size: Annotated[Optional[int], Opt(metavar="B", rich_help_panel=BATCH,
                                                     help="Micro-batch per GPU (default: largest that fits)")] = None,
-    total_batch_tokens: Annotated[int, Opt(metavar="N", rich_help_panel=BATCH,
-                                           help="Tokens per optimizer step")] = 524_288,
+    total_batch_tokens_: Annotated[Optional[str], Opt("--total-batch-tokens", metavar="N", rich_help_panel=BATCH,
+                                                     help="Tokens per optimizer step: 524288, 512Ki, 1M (default "
+                                                          "524,288)")] = None,
+    total_batch_seqs: Annotated[Optional[str], Opt(metavar="N", rich_help_panel=BATCH,
+                                                   help="The batch in sequences of --seq-len tokens instead: 256")] = None,
     strategy: Annotated[Optional[str], Opt(metavar="S", rich_help_panel=BATCH,
                                            help="ddp | zero1 | zero2 | fsdp (default: simplest that fits)")] = None,
     activation_checkpointing: Annotated[bool, Opt("--activation-checkpointing", metavar=FLAG, rich_help_panel=BATCH,
@@ -181,6 +185,8 @@ def estimate(
         spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=n_layer, d_model=d_model,
                              n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
     is_cpu = prof.kind == "cpu"
+    total_batch_tokens = batch_tokens(total_batch_tokens_, total_batch_seqs,
+                                      spec.seq_len if spec is not None else seq_len or 2048)
     default_length = spec is not None and budget_usd is None and hours_h is None and n_steps is None
     if default_length:   # a model but no length: the trainer's own rule, else Chinchilla's 20 tokens/param
         n_steps, why_length = default_steps(spec, trainer, trainer_version, total_batch_tokens)
@@ -323,7 +329,9 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain
     elif explain:
         print_plan(plan, console)
     else:
-        print_summary(plan, console)
+        from planner.spot_report import restated  # noqa: PLC0415
+
+        print_summary(plan, console, restated(plan))
     if out:
         save_plan(plan, out)
     if plan.spot is not None and not json_out:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from nanoplan.cli import app
-from nanoplan.common import examples
+from nanoplan.common import at_least, examples
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
@@ -56,6 +56,7 @@ def run(
                                                            "package)")] = False,
 ) -> None:
     """Run a plan: DDP training with auto-stop at the budget, timed checkpoints and resume."""
+    at_least(("--nnodes", nnodes, 1), ("--node-rank", node_rank, 0))
     from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
 
     t0 = process_start_boottime() or boottime()     # the budget clock of this launch starts here

@@ -31,7 +31,7 @@ from planner.startup import fixed_seconds, paid_seconds, steps_within
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
 from planner.trainers.launch_files import launch_argv
-from planner.units import fmt_bytes, fmt_count, fmt_duration
+from planner.units import fmt_bytes, fmt_count, fmt_duration, plural
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
 MAX_EPOCHS = 4.0                       # Muennighoff et al. 2023: ~4 epochs ≈ fresh data
@@ -48,9 +48,11 @@ def batch_choices(total_batch_tokens: int, seq_len: int, num_gpus: int) -> list[
     """Device batch sizes (descending) that divide the target batch exactly."""
     per = seq_len * num_gpus
     if total_batch_tokens % per:
+        p2 = 2 ** round(math.log2(total_batch_tokens))     # '1M' meant 2**20 more often than 1,000,000
+        two = f", or {p2:,} (2^{p2.bit_length() - 1})" if p2 % per == 0 else ""
         raise PlanError("--total-batch-tokens",
                         f"{total_batch_tokens:,} is not a multiple of seq_len × GPUs = {per:,}",
-                        f"use a multiple such as {max(1, round(total_batch_tokens / per)) * per:,}")
+                        f"use a multiple such as {max(1, round(total_batch_tokens / per)) * per:,}{two}")
     rows = total_batch_tokens // per
     return [b for b in range(rows, 0, -1) if rows % b == 0]
 
@@ -60,7 +62,7 @@ def grad_accum(total_batch_tokens: int, device_batch: int, seq_len: int, num_gpu
     if total_batch_tokens % micro:
         choices = batch_choices(total_batch_tokens, seq_len, num_gpus)
         raise PlanError("--device-batch-size",
-                        f"device batch {device_batch} × seq {seq_len} × {num_gpus} GPUs = {micro:,} tokens "
+                        f"device batch {device_batch} × seq {seq_len} × {plural(num_gpus, 'GPU')} = {micro:,} tokens "
                         f"does not divide the total batch {total_batch_tokens:,}",
                         f"use one of {', '.join(map(str, choices[:8]))}")
     return total_batch_tokens // micro
@@ -146,9 +148,9 @@ def _too_short(req: PlanRequest, hw: Hardware, hours: float, limited: str, step_
             f"${req.budget_usd:.3g} buys {fmt_duration(hours * 3600)} of {hw.spec}, which")
     tokens, per = req.total_batch_tokens, req.model.seq_len * hw.num_gpus
     left = hours * 3600 - fixed_s          # for one step, at half the time a step scales with (its fixed costs)
-    rows = math.floor(tokens * left / (2 * step_s) / per) if left > 0 else 0
-    smaller = (f"a smaller batch such as --total-batch-tokens {rows * per:,} ({rows} × {per:,}), "
-               if 1 <= rows and rows * per < tokens else "")
+    rows = max(1, math.floor(tokens * left / (2 * step_s) / per) if left > 0 else 1)
+    smaller = (f"a smaller batch such as --total-batch-tokens {rows * per:,} ({plural(rows, 'sequence')} of "
+               f"{req.model.seq_len:,} per GPU), " if rows * per < tokens else "")
     return PlanError("--hours" if limited == "hours" else "--budget",
                      f"{what} leaves no time for one optimizer step of {tokens:,} tokens ({fmt_duration(step_s)}) after "
                      f"the launch's start-up{' and compile warm-up' if req.compile else ''} ({fmt_duration(fixed_s)}); "

@@ -397,7 +397,7 @@ def find_profile(name: str, option: str = "--gpu", counts: str = "", profile_hin
     allowed = ", ".join(builtin_profiles())
     more = ", or --profile FILE.yaml" if profile_hint else ""
     if near:
-        guess = " or ".join(f"{counts}{_as_typed(m, names[m])}" for m in near)
+        guess = " or ".join(dict.fromkeys(f"{counts}{_as_typed(m, names[m])}" for m in near))   # two aliases, one name
         raise PlanError(option, f"unknown GPU type {name!r}", f"did you mean {guess}? (known: {allowed}{more})")
     raise PlanError(option, f"unknown GPU type {name!r}", f"known: {allowed}{more}; nanoplan profiles lists them")
 

@@ -149,11 +149,12 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
 EXPLAIN_HINT = "--explain: the full breakdown (memory, throughput, budget, why this plan)"
 
 
-def print_summary(plan: Plan, console: Console) -> None:
-    """The default view: the key numbers and the warnings (EXPLAIN_HINT follows); --explain prints plan_tables."""
+def print_summary(plan: Plan, console: Console, said_below: list[str] | None = None) -> None:
+    """The default view: the key numbers and the warnings (EXPLAIN_HINT follows); --explain prints plan_tables.
+    `said_below`: warnings that lines printed after this one say (the spot lines), not repeated here."""
     console.print(_kv(None, summary_rows(plan)))   # values wrap between words, never inside a number
-    if plan.warnings:
-        console.print(warning_lines(plan.warnings))
+    if warns := [w for w in plan.warnings if w not in (said_below or [])]:
+        console.print(warning_lines(warns))
 
 
 def _gpus(spec: str) -> str:

@@ -21,9 +21,17 @@ from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
 from planner.profiles import Hardware, parse_gpu_spec
-from planner.ranking import OBJECTIVES, SETTINGS_TOL, choose, epoch_cap_steps, prefer_simpler, zero1_first
+from planner.ranking import (
+    OBJECTIVES,
+    SETTINGS_TOL,
+    choose,
+    epoch_cap_steps,
+    launch_fixed_s,
+    prefer_simpler,
+    zero1_first,
+)
 from planner.spec import ModelSpec
-from planner.startup import fixed_seconds
+from planner.startup import fixed_seconds, steps_within
 
 
 def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: Settings = Settings(), *,
@@ -100,6 +108,10 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
                     device_batch=base.get("device_batch_size"))
     if result.best is None:
         raise nothing_fits(result)
+    if result.length.steps is None:   # no model trains a step in the spend: say so for the fastest (build_plan)
+        fastest = min(result.ranked, key=lambda c: c.step_seconds)
+        if steps_within(result.spend_hours * 3600, fastest.step_seconds, launch_fixed_s(result)) < 1:
+            build_plan(request_for(fastest, {k: v for k, v in base.items() if k != "model"}), plan_path=plan_path)
     plan = plan_for_best(result, {k: v for k, v in base.items() if k != "model"}, plan_path=plan_path)
     if console is not None:
         from rich.panel import Panel  # noqa: PLC0415

@@ -147,5 +147,5 @@ def preset(name: str) -> ModelSpec:
         return PRESETS[key]
     if key.startswith("d") and key[1:].isdigit():
         return nanochat(int(key[1:]))
-    raise PlanError("preset", f"unknown preset {name!r}",
+    raise PlanError("--preset", f"unknown preset {name!r}",
                     f"choose one of {', '.join(PRESETS)} or dN for nanochat depth N")

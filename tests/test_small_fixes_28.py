@@ -131,3 +131,31 @@ def test_run_refuses_zero_nodes(monkeypatch, capsys, tmp_path, args, says) -> No
     plan = make_tiny_plan(tmp_path / "plan.json", None, steps=5)
     code, _, err = run_cli(monkeypatch, capsys, "run", str(plan), "--dry-run", *args)
     assert code == 2 and err.splitlines()[0] == says
+
+
+def test_hardware_md_table_is_the_profiles() -> None:
+    """docs/hardware.md's 'All profiles' table says what each built-in profile holds (its CPU row said 0.075
+    TFLOP/s and MFU 0.30 while CPU.yaml says 0.42 and 0.25)."""
+    from planner.profiles import builtin_profiles
+
+    text = (REPO / "docs" / "hardware.md").read_text()
+    table = text[text.index("| profile | memory | usable |"):].split("\n\n")[0].splitlines()[2:]
+    rows = {c[0]: c for c in ([x.strip() for x in r.strip("|").split("|")] for r in table)}
+    profs = builtin_profiles()
+    assert set(rows) == set(profs)
+    for name, p in profs.items():
+        d = p.price()
+        assert rows[name] == [name, f"{p.memory_gb:g} GB", f"{p.usable_bytes / 2**30:.1f} GiB", f"{p.hbm_tb_s:g} TB/s",
+                              f"{p.bf16_tflops:g} TFLOP/s", f"{p.intra_node_gb_s:g} / {p.inter_node_gb_s:g} GB/s",
+                              str(p.gpus_per_node), f"{p.default_mfu:.2f}",
+                              f"${d.usd_per_gpu_hour:g}/GPU-h, {d.provider} ({d.date})"], name
+
+
+def test_docs_say_the_default_headroom_and_that_a_length_may_be_left_out() -> None:
+    from planner.fit_verdict import DEFAULT_HEADROOM
+
+    trainers = " ".join((REPO / "docs" / "trainers.md").read_text().split())
+    assert DEFAULT_HEADROOM == 0 and "keeps no extra memory free by default (`--headroom 0`)" in trainers
+    assert "keeps 5% of the GPU free by default" not in trainers
+    readme = " ".join((REPO / "README.md").read_text().split())
+    assert "Exactly one of `--budget USD`" not in readme and "At most one of `--budget USD`" in readme

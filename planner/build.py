@@ -26,11 +26,9 @@ from planner.plan import (
     TrainingPlan,
 )
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
-from planner.spot_plan import spot_hardware, spot_length, spot_warnings
 from planner.startup import fixed_seconds, paid_seconds, steps_within
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
-from planner.trainers.launch_files import launch_argv
 from planner.units import fmt_bytes, fmt_count, fmt_duration, plural
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
@@ -39,7 +37,9 @@ LARGE_STORAGE_BYTES = 1 << 40          # warn above 1 TiB of checkpoints
 
 
 def hardware_of(req: PlanRequest) -> Hardware:
-    if req.spot is not None:     # the provider's spot price (planner/spot_plan.py)
+    if req.spot is not None:     # the provider's spot price (planner/spot_plan.py, imported for spot plans only)
+        from planner.spot_plan import spot_hardware  # noqa: PLC0415
+
         return spot_hardware(req)
     return parse_gpu_spec(req.gpu, profile=req.profile, provider=req.provider, price=req.price)
 
@@ -217,6 +217,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     spot: SpotPlan | None = None
     ckpt_minutes = req.checkpoint_every_minutes
     if req.spot is not None:     # spot GPUs: the steps that finish within the cap, the Young/Daly cadence
+        from planner.spot_plan import spot_length  # noqa: PLC0415
+
         steps, hours, limited, spot = spot_length(req, hw, tp, ckpt_bytes)
         ckpt_minutes = spot.checkpoint_every_minutes
     usd = hours * usd_per_hour
@@ -266,11 +268,24 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                           command=torchrun_command(plan_path, hw.gpus_per_node, req.run_dir, nnodes=hw.nodes,
                                                    node_rank="$NODE_RANK" if hw.nodes > 1 else 0,
                                                    python="python") if tr is None else
-                          launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
-                                      steps, ckpt_steps)),
+                          _trainer_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
+                                        steps, ckpt_steps)),
         spot=spot,
-        warnings=_warnings(req, hw, mem, fit, sched, N, limited, per) + (spot_warnings(req, spot) if spot else []),
+        warnings=_warnings(req, hw, mem, fit, sched, N, limited, per) + (_spot_warnings(req, spot) if spot else []),
     )
+
+
+def _spot_warnings(req: PlanRequest, spot: SpotPlan) -> list[str]:
+    from planner.spot_plan import spot_warnings  # noqa: PLC0415  (spot plans only: a lighter start-up)
+
+    return spot_warnings(req, spot)
+
+
+def _trainer_argv(req: PlanRequest, nodes: int, gpus_per_node: int, steps: int, ckpt_steps: int) -> list[str]:
+    """Another trainer's launch line (planner/trainers/launch_files.py: imported for those plans only)."""
+    from planner.trainers.launch_files import launch_argv  # noqa: PLC0415
+
+    return launch_argv(req, nodes, gpus_per_node, steps, ckpt_steps)
 
 
 def _model_plan(req: PlanRequest) -> ModelPlan:

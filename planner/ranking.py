@@ -183,10 +183,11 @@ def _paid_h(steps: int, step_s: float, fixed_s: float) -> float:
 
 def _fastest(fitting: list[tuple]) -> list[tuple[int, float]]:
     """(params, fastest step seconds) of each model that fits."""
-    best: dict[ModelSpec, tuple[int, float]] = {}
+    best: dict[int, tuple[int, float]] = {}      # by id(spec): see ranked_candidates
     for spec, P, *_, step_s in fitting:
-        if spec not in best or step_s < best[spec][1]:
-            best[spec] = (P, step_s)
+        k = id(spec)
+        if k not in best or step_s < best[k][1]:
+            best[k] = (P, step_s)
     return list(best.values())
 
 
@@ -258,11 +259,11 @@ def ranked_candidates(fitting: list[tuple], objective: str, fixed_steps: int | N
 
     pinned: the spend is shorter than the budget, so the plan pins the steps (plan_for_best) and each run
     lasts exactly its whole steps."""
-    m_terms: dict[ModelSpec, float] = {}
+    m_terms: dict[int, float] = {}    # by id: a pydantic model hashes all its fields on every lookup
     keyed: list[tuple[tuple, Candidate]] = []
     for spec, P, b, accum, strat, ac, total, step_s in fitting:
-        if spec not in m_terms:
-            m_terms[spec] = model_term(P, ds)
+        if (m_term := m_terms.get(id(spec))) is None:
+            m_term = m_terms[id(spec)] = model_term(P, ds)
         if fixed_steps is None:
             steps = _steps_at(hours, step_s, fixed_s)
             h = _paid_h(steps, step_s, fixed_s) if pinned else hours
@@ -271,7 +272,7 @@ def ranked_candidates(fitting: list[tuple], objective: str, fixed_steps: int | N
         if cap_steps is not None and steps > cap_steps:
             steps, h = cap_steps, _paid_h(cap_steps, step_s, fixed_s)
         tokens = steps * tb
-        loss = m_terms[spec] + data_term(tokens, ds)
+        loss = m_term + data_term(tokens, ds)
         c = Candidate(spec, P, b, accum, strat, ac, total, step_s, tb / step_s, steps, tokens, h, h * usd_per_hour,
                       loss, tokens / ds if ds else None)
         base = "throughput" if objective == "chinchilla" else objective   # chinchilla: distance added below

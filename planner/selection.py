@@ -114,12 +114,12 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
             build_plan(request_for(fastest, {k: v for k, v in base.items() if k != "model"}), plan_path=plan_path)
     plan = plan_for_best(result, {k: v for k, v in base.items() if k != "model"}, plan_path=plan_path)
     if console is not None:
-        from rich.panel import Panel  # noqa: PLC0415
-
         from planner.tables import print_table  # noqa: PLC0415
 
         print_table(console, runners_up_table(result, top, None if wide else console.width))
         if explain:
+            from rich.panel import Panel  # noqa: PLC0415  (only --explain draws one)
+
             console.print(Panel("\n".join(f"• {x}" for x in why(result)), title=f"Why {plan.model.name}",
                                 title_align="left"))
     return plan

@@ -2,22 +2,39 @@
 
 A plan's hours are the paid hours of its launch as the runner's budget clock counts them (runner/clock.py
 starts that clock when `nanoplan run` starts): start-up (imports, preflight, torchrun, CUDA/NCCL), the
-rendezvous of a multi-node launch and torch.compile's warm-up, then the steps. These are the spot model's
-constants (planner/spot.py: START_UP_S, RENDEZVOUS_S, COMPILE_S), so an on-demand plan and a spot plan count a
-launch alike. (A spot relaunch also counts its first WARM_STEPS steps as lost; a first launch's cold steps
-still train, and their extra time is the compile warm-up.)
+rendezvous of a multi-node launch and torch.compile's warm-up, then the steps. The spot model's restarts
+(planner/spot.py) use the same constants, START_UP_S, RENDEZVOUS_S and COMPILE_S below, so an on-demand plan
+and a spot plan count a launch alike. (A spot relaunch also counts its first WARM_STEPS steps as lost; a first launch's cold steps
+still train, and their extra time is the compile warm-up.) planner/spot.py imports them from here, so
+`estimate` does not load the spot model to plan an on-demand run.
 
 - a budget or --hours plan: the hours are the budget's; its steps are those that fit after the start-up;
 - a --steps or epoch-limited plan: the hours are the start-up plus its steps.
 
-On a GPU that is 60 s + 120 s (assumptions, planner/spot.py); a 3-minute 8×H100 plan spends half of it there.
+On a GPU that is 60 s + 120 s (assumptions, sources below); a 3-minute 8×H100 plan spends half of it there.
 """
 
 from __future__ import annotations
 
 import math
 
-from planner.spot import COMPILE_S, RENDEZVOUS_S, START_UP_S
+# What a launch costs before its first step (seconds). The budget clock counts all of it: it starts when
+# `nanoplan run` starts (runner/clock.py). The machine's own boot and set-up before that are billed by the
+# provider but not seen by the runner (docs/spot.md). planner/spot.py's relaunches use the same figures.
+START_UP_S = {"gpu": 60.0, "cpu": 5.0}
+START_UP_SOURCE = {
+    "gpu": "assumption: Python and torch imports, the preflight, torchrun and CUDA/NCCL start on a GPU node "
+           "(not measured: no GPU has been lent to this project)",
+    "cpu": "measured: nanoplan run of a 1xCPU tiny plan to its first step, 4.2 s on a 2-core machine "
+           "(9.5 s under load; docs/sources.md §10)",
+}
+RENDEZVOUS_S = 30.0      # assumption: a multi-node launch waits for its slowest node in the c10d rendezvous
+COMPILE_S = {"gpu": 120.0, "cpu": 20.0}
+COMPILE_SOURCE = {
+    "gpu": "assumption: torch.compile of the training step again on every launch (no cache carried over)",
+    "cpu": "measured: the first compiled step of the tiny model on CPU, about 20 s idle, 41 s under load "
+           "(docs/sources.md §10)",
+}
 
 
 def fixed_seconds(kind: str, nodes: int, compile: bool) -> float:

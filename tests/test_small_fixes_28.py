@@ -159,3 +159,33 @@ def test_docs_say_the_default_headroom_and_that_a_length_may_be_left_out() -> No
     assert "keeps 5% of the GPU free by default" not in trainers
     readme = " ".join((REPO / "README.md").read_text().split())
     assert "Exactly one of `--budget USD`" not in readme and "At most one of `--budget USD`" in readme
+
+
+def test_fit_table_knows_its_natural_width_so_printing_need_not_measure_it() -> None:
+    """print_table trusts fit_table's width (start-up: no rich measurement pass); it must equal rich's."""
+    import random
+
+    from planner.tables import Col, fit_table, natural_width
+
+    rnd = random.Random(28)
+    cells = ["1.2B", "$1,000", "★", "d20 (561M)", "[bold]x[/]", "12,345,678", "", "8×H100-SXM"]
+    for _ in range(200):
+        cols = [Col(f"c{i}" * rnd.randint(1, 3), rnd.randint(0, 3), rnd.choice(["left", "right"]))
+                for i in range(rnd.randint(1, 8))]
+        rows = [[rnd.choice(cells) * rnd.randint(1, 2) for _ in cols] for _ in range(rnd.randint(1, 5))]
+        for width in (None, 40, 80):
+            t = fit_table(cols, rows, width, title="a title that is long enough to wrap " * 3, caption="note")
+            assert t.nanoplan_width == natural_width(t)
+
+
+def test_the_profile_index_read_from_name_and_alias_lines_is_the_parsed_profiles() -> None:
+    """find_profile parses one shipped profile, found by its `name:`/`aliases:` lines (start-up): those lines
+    must say what the parsed YAML says, for every profile."""
+    from planner.profiles import _shipped, builtin_profiles, find_profile
+
+    profs = builtin_profiles()
+    assert list(_shipped()) == list(profs)
+    for name, (_, _, aliases) in _shipped().items():
+        assert aliases == tuple(profs[name].aliases), name
+        for spelling in (name, *aliases):
+            assert find_profile(spelling) is profs[name]

@@ -3,9 +3,12 @@
 Usage: python benchmarks/estimate_speed.py [--repeats 7]
 
 Targets:
-- issue 20: `nanoplan estimate --gpu 8xH100 --budget 1000` (the model search) at most 1.8x the bare
-  `python -c "import typer, rich.console, rich.table, pydantic, yaml"`, cold processes, medians,
-  the two interleaved in one run so that both see the same machine load;
+- issue 28: `nanoplan estimate --gpu 8xH100 --budget 1000` (the model search), bytecode cached as an installed
+  copy has it, at most 1.5x its floor: the bare imports of its dependencies plus building the plan's own
+  pydantic models (`import planner.plan`), bytecode cached too; cold processes, medians of CPU time (the
+  machine is shared: wall time moves with its load, CPU time much less), interleaved in one run so that
+  both see the same load. The pydantic models stay.
+- issue 20 (superseded): at most 1.8x the bare imports alone, which the floor itself is ~1.9x of;
 - issues 2 and 12: `estimate ... --depth 20` and the search each under 0.5 s wall, no torch import.
 
 Two rows put the search in context:
@@ -41,7 +44,8 @@ ONE_MODEL = [sys.executable, "-c", BARE_IMPORTS + "\nclass M(pydantic.BaseModel)
 # the floor of any command that writes a validated plan: the bare imports plus the planner's pydantic models
 # (plan, request, profiles, spec), built as `nanoplan estimate` builds them, with the project's bytecode cached
 PLAN_MODELS = [sys.executable, "-c", BARE_IMPORTS + "\nimport planner.plan"]
-TARGET_RATIO = 1.8
+TARGET_RATIO = 1.5        # × the floor ("bare + the plan's models, bc"), CPU medians, both bytecode cached
+FLOOR = "bare + the plan's models, bc"
 
 
 def estimate_cmd(out: str, *extra: str) -> list[str]:
@@ -108,14 +112,14 @@ def main() -> None:
           f"{platform.python_version()}; load average {load0[0]:.2f} before, {load1[0]:.2f} after; "
           f"PYTHONDONTWRITEBYTECODE={os.environ.get('PYTHONDONTWRITEBYTECODE', '(unset)')}")
     print(f"cold processes, medians of {a.repeats}, interleaved")
-    print(f"{'command':<30}{'wall s':>8}{'CPU s':>8}{'× bare (wall)':>15}{'× bare (CPU)':>14}")
-    bw, bc = med["bare imports"]
+    print(f"{'command':<30}{'wall s':>8}{'CPU s':>8}{'× bare (CPU)':>14}{'× floor (CPU)':>15}")
+    bc, fc = med["bare imports"][1], med[FLOOR][1]
     for k, (w, c) in med.items():
-        print(f"{k:<30}{w:8.3f}{c:8.3f}{w / bw:15.2f}{c / bc:14.2f}")
-    for k in ("estimate (search)", "estimate (search), bytecode"):
-        ratio = med[k][0] / bw
-        print(f"{k}: {ratio:.2f}x the bare imports (wall); target <= {TARGET_RATIO}x: "
-              f"{'met' if ratio <= TARGET_RATIO else 'NOT met'}")
+        print(f"{k:<30}{w:8.3f}{c:8.3f}{c / bc:14.2f}{c / fc:15.2f}")
+    ratios = sorted(c / f for c, f in zip(res["estimate (search), bytecode"][1], res[FLOOR][1], strict=True))
+    ratio = med["estimate (search), bytecode"][1] / fc
+    print(f"estimate (search), bytecode: {ratio:.2f}x the floor (CPU medians; round by round {ratios[0]:.2f} to "
+          f"{ratios[-1]:.2f}); target <= {TARGET_RATIO}x: {'met' if ratio <= TARGET_RATIO else 'NOT met'}")
     per = model_maths(20_000)
     print(f"model maths (n_params + flops_per_token + memory estimate): {per * 1e6:.1f} us per model")
 

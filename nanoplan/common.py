@@ -62,6 +62,46 @@ def resolve_data(data: str | None, dataset_tokens: str | None) -> tuple[DataMeta
     return meta, toks
 
 
+DEFAULT_BATCH_TOKENS = 524_288   # 2**19 tokens per optimizer step: nanochat's default total batch
+
+
+def batch_tokens(tokens: str | None, seqs: str | None, seq_len: int, default: int = DEFAULT_BATCH_TOKENS) -> int:
+    """--total-batch-tokens (524288, 512Ki, 1M) or --total-batch-seqs (256: sequences of seq_len tokens), one of
+    them; `default` without either (524,288 tokens, or the trainer's own rule)."""
+    if tokens is not None and seqs is not None:
+        raise PlanError("--total-batch-seqs", "conflicts with --total-batch-tokens",
+                        "give the batch once: in tokens, or in sequences")
+    if seqs is not None:
+        return parse_count(seqs, "--total-batch-seqs") * seq_len
+    return parse_count(tokens, "--total-batch-tokens") if tokens is not None else default
+
+
+def at_least(*options: tuple[str, int | None, int]) -> None:
+    """Each (flag, value, least) given: value >= least, else the one-line error (None: not given)."""
+    for flag, value, least in options:
+        if value is not None and value < least:
+            raise PlanError(flag, f"must be at least {least}, got {value}")
+
+
+def check_run_dir(run_dir: str) -> None:
+    """--run-dir of estimate: the plan file records it, and `nanoplan run` refuses a plan whose run dir is not
+    relative (planner.plan.run_dir_problem): refuse it here, before a plan is written."""
+    from planner.plan import run_dir_problem  # noqa: PLC0415
+
+    if (why := run_dir_problem(run_dir)) is not None:
+        raise PlanError("--run-dir", why, "give a path under this directory (runs/NAME), or keep the default and "
+                        f"give `nanoplan run plan.json --run-dir {run_dir}` when you run it")
+
+
+def check_vocab(vocab_size: int | None, meta: DataMeta | None, data: str | None) -> None:
+    """--vocab-size against --data's: a model with fewer token ids than the data's tokenizer cannot embed its
+    tokens, and `nanoplan run` refuses it; a larger one (padding, e.g. to a multiple of 64) is allowed."""
+    if vocab_size is not None and meta is not None and vocab_size < meta.vocab_size:
+        raise PlanError("--vocab-size", f"{vocab_size:,} is smaller than the vocab of {data} ({meta.vocab_size:,} "
+                        "token ids): the model could not embed its tokens", f"drop --vocab-size (--data sets "
+                        f"{meta.vocab_size:,}), or give one >= {meta.vocab_size:,}")
+
+
 # ---------------------------------------------------------------- help text shared by the commands
 
 FLAG = ""   # metavar for on/off flags: help shows no value type (a flag takes no value)

@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 
 from nanoplan.cli import app
-from nanoplan.common import FLAG, examples, resolve_model
+from nanoplan.common import FLAG, batch_tokens, examples, resolve_model
 from planner.errors import PlanError
 from planner.units import parse_count, parse_hours, parse_money
 
@@ -45,7 +45,11 @@ def compare(
                                                               "llama")] = None,
     vocab_size: Annotated[Optional[int], Opt(metavar="N", help="Vocabulary size (default: the style's)")] = None,
     seq_len: Annotated[Optional[int], Opt(metavar="T", help="Sequence length")] = None,
-    total_batch_tokens: Annotated[int, Opt(metavar="N", help="Tokens per optimizer step")] = 524_288,
+    total_batch_tokens_: Annotated[Optional[str], Opt("--total-batch-tokens", metavar="N",
+                                                     help="Tokens per optimizer step: 524288, 512Ki, 1M (default "
+                                                          "524,288)")] = None,
+    total_batch_seqs: Annotated[Optional[str], Opt(metavar="N", help="The batch in sequences of --seq-len tokens "
+                                                                      "instead: 256")] = None,
     objective: Annotated[str, Opt(metavar="NAME", help="loss | value | max-model | throughput | "
                                                         "chinchilla")] = "loss",
     dataset_tokens: Annotated[Optional[str], Opt(metavar="N", help="Unique tokens in your dataset: 350M, 3B")] = None,
@@ -75,8 +79,6 @@ def compare(
         raise PlanError("--plot", f"{plot!r} is not a .png path", "e.g. --plot compare.png")
     if seq_len is not None and seq_len <= 0:
         raise PlanError("--seq-len", f"must be a positive integer, got {seq_len}")
-    if total_batch_tokens <= 0:
-        raise PlanError("--total-batch-tokens", f"must be a positive integer, got {total_batch_tokens}")
     given = [n for n, v in (("--budget", budget), ("--hours", hours), ("--steps", steps)) if v is not None]
     if len(given) != 1:
         raise PlanError(given[1] if given else "--budget",
@@ -89,6 +91,7 @@ def compare(
                          n_kv_head=None, d_ff=None, vocab_size=vocab_size, seq_len=seq_len)
     models = [spec] if spec is not None else depth_ladder(style or "nanochat", seq_len=seq_len or 2048,
                                                           vocab_size=vocab_size)
+    total_batch_tokens = batch_tokens(total_batch_tokens_, total_batch_seqs, models[0].seq_len)
     settings = Settings(total_batch_tokens=total_batch_tokens, headroom=headroom,
                         dataset_tokens=parse_count(dataset_tokens, "--dataset-tokens") if dataset_tokens else None)
     gpu_list = [g.strip() for g in gpus.split(",") if g.strip()]

@@ -13,8 +13,17 @@ from planner.errors import PlanError
 
 
 def plot(cmp: Comparison, path: str | Path) -> Path:
-    """Draw the chart and write it to `path` (PNG, temp file then rename)."""
-    return save_png(figure(cmp), path)
+    """Draw the chart and write it to `path` (PNG, temp file then rename), with its data's fingerprint."""
+    return save_png(figure(cmp), path, data=chart_data(cmp))
+
+
+def chart_data(cmp: Comparison) -> dict[str, Any]:
+    """What the chart draws: the title's job and prices, each point, its marks and whether its speed is proven."""
+    return {"ref": ref_label(cmp), "prices": prices_used(cmp), "objective": cmp.objective,
+            "points": [{"gpu": r.gpu, "hours": round(float(r.ref_hours), 6), "usd": round(float(r.ref_usd or 0), 4),
+                        "marks": ("★" if r.is_best else "") + ("$" if r.is_cheapest else "") + ("»" if r.is_fastest else ""),
+                        "unproven": r.unproven, "would_take": r.would_take}
+                       for r in cmp.rows if r.ref_hours is not None]}
 
 
 def _place_labels(ax: Any, fig: Any, pts: list[tuple[float, float]], labels: list[str]) -> None:
@@ -48,6 +57,11 @@ def _place_labels(ax: Any, fig: Any, pts: list[tuple[float, float]], labels: lis
         placed.append(best[2])  # type: ignore[index]
 
 
+def _marks(marks: str) -> str:
+    """'★$»' -> 'best, cheapest, fastest'."""
+    return ", ".join({"★": "best", "$": "cheapest", "»": "fastest"}[m] for m in marks)
+
+
 def figure(cmp: Comparison) -> Any:
     """The chart as a matplotlib Figure (labels placed); the caller saves and closes it."""
     plt = pyplot()      # the one-line error when matplotlib is missing
@@ -55,7 +69,9 @@ def figure(cmp: Comparison) -> Any:
     if not rows:
         raise PlanError("--plot", "no configuration can train the reference job, so there is nothing to plot")
     pts = [(float(r.ref_hours), float(r.ref_usd)) for r in rows]  # type: ignore[arg-type]
-    front = pareto(pts)
+    proven = [i for i, r in enumerate(rows) if not r.unproven] or list(range(len(rows)))
+    front = [proven[i] for i in pareto([pts[i] for i in proven])]   # unproven speeds are not on the front
+    unproven = [i for i in range(len(rows)) if i not in proven]
     fig, ax = plt.subplots(figsize=(8.4, 5.4), dpi=120)
     from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator  # noqa: PLC0415
 
@@ -74,9 +90,13 @@ def figure(cmp: Comparison) -> Any:
         fx = sorted(front, key=lambda i: pts[i][0])
         ax.step([pts[i][0] for i in fx], [pts[i][1] for i in fx], where="post", color="tab:blue", alpha=0.6,
                 zorder=2, label="Pareto front: no configuration is both faster and cheaper")
-    others = [i for i in range(len(rows)) if not rows[i].is_best]
+    others = [i for i in proven if not rows[i].is_best]
     on_front = [i for i in others if i in front and len(front) >= 2]
     off = [i for i in others if i not in on_front]
+    if unproven:
+        ax.scatter([pts[i][0] for i in unproven], [pts[i][1] for i in unproven], s=60, facecolors="none",
+                   edgecolors="tab:red", linewidths=1.5, zorder=3,
+                   label="speed unproven (*): off its public runs, so not marked")
     if on_front:
         ax.scatter([pts[i][0] for i in on_front], [pts[i][1] for i in on_front], s=60, color="tab:blue", zorder=3,
                    label="on the Pareto front")
@@ -90,7 +110,9 @@ def figure(cmp: Comparison) -> Any:
     labels = []
     for r in rows:
         tags = [t for t, f in (("best", r.is_best), ("cheapest", r.is_cheapest), ("fastest", r.is_fastest)) if f]
-        labels.append(r.gpu + (f" ({', '.join(tags)})" if tags else ""))
+        if r.unproven:
+            tags = [f"speed unproven{': would be ' + _marks(r.would_take) if r.would_take else ''}"]
+        labels.append(r.gpu + (" *" if r.unproven else "") + (f" ({', '.join(tags)})" if tags else ""))
     ax.set_xlabel("hours to train the reference job (log scale)")
     ax.set_ylabel("cost of the reference job")
     ax.set_title(f"Cost vs time to train {ref_label(cmp)}, {prices_used(cmp)}\n(each configuration with its "

@@ -1,9 +1,11 @@
-"""`nanoplan estimate`, `nanoplan profiles` and `nanoplan schema`."""
+"""`nanoplan estimate`, `nanoplan profiles` and `nanoplan schema`.
 
-from __future__ import annotations
+No `from __future__ import annotations` here: typer reads the 48 options' annotations, and as strings it
+would compile each one again at every start (5 ms of the command's start-up; benchmarks/estimate_speed.py).
+"""
 
+import gc
 import json
-import math
 from typing import Annotated, Optional
 
 import typer
@@ -11,7 +13,11 @@ from rich.console import Console
 
 from nanoplan.cli import app
 from nanoplan.common import (
+    DEFAULT_BATCH_TOKENS,
     FLAG,
+    batch_tokens,
+    check_run_dir,
+    check_vocab,
     examples,
     price_of,
     resolve_data,
@@ -24,7 +30,6 @@ from planner.errors import PlanError
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
 from planner.plan import Plan, save_plan
 from planner.report import EXPLAIN_HINT, print_plan, print_summary, verdict, wrap_fields
-from planner.scaling import TOKENS_PER_PARAM as CHINCHILLA_TOKENS_PER_PARAM
 from planner.spec import ModelSpec
 from planner.units import parse_count, parse_hours, parse_money
 
@@ -32,7 +37,6 @@ Opt = typer.Option
 LENGTH, MODEL, BATCH, HARDWARE, SEARCH, OUTPUT = ("Length and data", "Model", "Batch and memory",
                                                   "Hardware and price", "Search", "Output")
 TRAINER = "Trainer"
-DEFAULT_TOTAL_BATCH = 524_288   # tokens per step without --total-batch-tokens (PlanRequest's default)
 
 
 @app.command(help="Plan one training run: model, memory, batch, throughput, hours, tokens and dollars. With no "
@@ -76,9 +80,11 @@ def estimate(
     seq_len: Annotated[Optional[int], Opt(metavar="T", rich_help_panel=MODEL, help="Sequence length")] = None,
     device_batch_size: Annotated[Optional[int], Opt(metavar="B", rich_help_panel=BATCH,
                                                     help="Micro-batch per GPU (default: largest that fits)")] = None,
-    total_batch_tokens: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=BATCH,
-                                                     help="Tokens per optimizer step (default: 524,288; nanochat: "
-                                                          "its own rule from --depth)")] = None,
+    total_batch_tokens_: Annotated[Optional[str], Opt("--total-batch-tokens", metavar="N", rich_help_panel=BATCH,
+                                                     help="Tokens per optimizer step: 524288, 512Ki, 1M (default "
+                                                          "524,288; nanochat: its own rule from --depth)")] = None,
+    total_batch_seqs: Annotated[Optional[str], Opt(metavar="N", rich_help_panel=BATCH,
+                                                   help="The batch in sequences of --seq-len tokens instead: 256")] = None,
     strategy: Annotated[Optional[str], Opt(metavar="S", rich_help_panel=BATCH,
                                            help="ddp | zero1 | zero2 | fsdp (default: simplest that fits); hsdp: "
                                                 "planned, not run (docs/scale-out.md)")] = None,
@@ -172,11 +178,13 @@ def estimate(
 
         usd = usd / parse_gpu_spec(gpu, profile=prof).gpus_per_node   # PlanRequest.price is per GPU-hour
     meta, ds_tokens = resolve_data(data, dataset_tokens)
+    check_vocab(vocab_size, meta, data)
+    check_run_dir(run_dir)
     if max_epochs is None and ds_tokens:   # one rule for searched and pinned models: the search's fresh-data cap
         from planner.candidates import FRESH_EPOCHS  # noqa: PLC0415
 
         max_epochs = FRESH_EPOCHS
-    n_top = top if top is not None else 5 if explain_ else 3
+    n_top = top if top is not None else 5 if explain_ else 1 if spot else 3   # --spot: its own 6 lines follow
     vocab = vocab_size or (meta.vocab_size if meta else None)
     if trainer != "nanoplan":
         spec = trainer_model(trainer, trainer_version, depth=depth, preset=preset, seq_len=seq_len, vocab=vocab)
@@ -187,14 +195,17 @@ def estimate(
     if spec is None:
         spec = resolve_model(depth=depth, preset_name=preset, style=style, n_layer=n_layer, d_model=d_model,
                              n_head=n_head, n_kv_head=n_kv_head, d_ff=d_ff, vocab_size=vocab, seq_len=seq_len)
-    if total_batch_tokens is None:   # a trainer's own rule (nanochat 2026-07 from its depth), else 524,288
-        from planner.trainers import default_total_batch  # noqa: PLC0415
+    default_batch = DEFAULT_BATCH_TOKENS
+    if total_batch_tokens_ is None and total_batch_seqs is None and trainer != "nanoplan":
+        from planner.trainers import default_total_batch  # noqa: PLC0415  (a trainer's own rule: nanochat 2026-07)
 
-        total_batch_tokens = default_total_batch(trainer, trainer_version, spec, DEFAULT_TOTAL_BATCH)
+        default_batch = default_total_batch(trainer, trainer_version, spec, DEFAULT_BATCH_TOKENS)
     is_cpu = prof.kind == "cpu"
+    total_batch_tokens = batch_tokens(total_batch_tokens_, total_batch_seqs,
+                                      spec.seq_len if spec is not None else seq_len or 2048, default_batch)
     default_length = spec is not None and budget_usd is None and hours_h is None and n_steps is None
-    if default_length:   # a model but no length: a compute-optimal run (Chinchilla's ~20 tokens/param)
-        n_steps = chinchilla_steps(spec, total_batch_tokens)
+    if default_length:   # a model but no length: the trainer's own rule, else Chinchilla's 20 tokens/param
+        n_steps, why_length = default_steps(spec, trainer, trainer_version, total_batch_tokens)
     base = dict(
         gpu=gpu, profile=prof, provider=provider, price=usd, device_batch_size=device_batch_size,
         total_batch_tokens=total_batch_tokens, precision=precision or ("fp32" if is_cpu else "bf16-autocast"),
@@ -210,13 +221,13 @@ def estimate(
     plan_path = write_to or "plan.json"
     if write_to and not writable_target(write_to):   # /dev/null and the like: show the plan, write nothing
         write_to = None
-    console = Console()
+    console = Console(emoji=False)     # no ':name:' emoji in plans; rich's emoji table costs 3 ms to load
     if n_layer is not None and style is None and trainer == "nanoplan" and not json_out:
         console.print(f"! no --style: nanochat family assumed (vocab {spec.vocab_size:,}); add --style gpt2 or llama",
                       style="yellow", highlight=False, soft_wrap=True)
     if default_length and not json_out:
-        console.print(f"No --budget/--hours/--steps: {CHINCHILLA_TOKENS_PER_PARAM:.0f} tokens/param (Chinchilla), "
-                      f"{n_steps:,} steps", style="dim", highlight=False)
+        console.print(f"No --budget/--hours/--steps: {why_length}: {n_steps:,} steps", style="dim", highlight=False,
+                      soft_wrap=False)
     if trainer != "nanoplan" and spot:
         raise PlanError("--spot", "plans nanoplan's runner on spot GPUs", "drop --trainer, or --spot")
     if trainer != "nanoplan":
@@ -304,9 +315,17 @@ def _plot_memory(plan: Plan, path: str) -> None:
     draw(step_memory(plan).as_dict(), path)
 
 
-def chinchilla_steps(spec: ModelSpec, total_batch_tokens: int) -> int:
-    """Optimizer steps for ~20 tokens per parameter (Hoffmann et al. 2022), at least one."""
-    return max(1, math.ceil(CHINCHILLA_TOKENS_PER_PARAM * n_params(spec) / total_batch_tokens))
+def default_steps(spec: ModelSpec, trainer: str, version: str | None, total_batch_tokens: int) -> tuple[int, str]:
+    """(steps, why) of a run given a model and no length: the trainer's own default (nanochat's base_train.py),
+    else Chinchilla's 20 tokens per parameter, counting the parameters the plan counts (its tokens/param)."""
+    from planner.plan import TrainerRef  # noqa: PLC0415
+    from planner.trainers import chinchilla_steps, trainer_for  # noqa: PLC0415
+
+    tr = trainer_for(TrainerRef(name=trainer, version=version)) if trainer != "nanoplan" else None  # type: ignore[arg-type]
+    if tr is None:
+        return chinchilla_steps(n_params(spec), total_batch_tokens)
+    ref = TrainerRef(name=trainer, version=tr.version(version).key)  # type: ignore[arg-type]
+    return tr.default_steps(spec, ref, total_batch_tokens)
 
 
 def _spot_request(spot: bool, mtbi: str | None, minutes: float | None) -> object:
@@ -327,6 +346,10 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain
         typer.echo(plan.model_dump_json(indent=2))
     elif explain:
         print_plan(plan, console)
+    elif plan.spot is not None:
+        from planner.spot_report import restated  # noqa: PLC0415
+
+        print_summary(plan, console, restated(plan))
     else:
         print_summary(plan, console)
     if out:
@@ -388,3 +411,8 @@ def schema() -> None:
 
 
 __all__ = ["estimate", "profiles", "schema", "PlanError"]
+
+# A planning command lives for a fraction of a second and makes little cyclic garbage. The objects its imports
+# built (typer's, rich's, pydantic's schemas: ~10^5) move out of the collector's way, so each collection scans
+# only what the command itself makes: 8-10% of `estimate`'s CPU time (benchmarks/results/estimate_speed.md).
+gc.freeze()

@@ -98,4 +98,4 @@ def draw(data: dict[str, Any], path: str | Path) -> Path:
     """Write the chart to `path` (PNG, written to a temp file and renamed)."""
     from nanoplan.png import save_png  # noqa: PLC0415
 
-    return save_png(figure(data), path)
+    return save_png(figure(data), path, data=data)

@@ -23,15 +23,43 @@ def pyplot() -> Any:
     return plt
 
 
-def save_png(fig: Any, path: str | Path) -> Path:
-    """Write `fig` to `path` (parents made), with the permissions of a normal file, and close it."""
+CHART_KEY = "nanoplan-chart-data"   # a PNG text chunk: the sha256 of the data the chart draws (scripts/render_charts.py)
+
+
+def fingerprint(data: Any) -> str:
+    """sha256 of `data` as canonical JSON: what a chart draws, not its pixels (fonts and matplotlib differ)."""
+    import hashlib  # noqa: PLC0415
+    import json  # noqa: PLC0415
+
+    return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def read_fingerprint(path: str | Path) -> str | None:
+    """The CHART_KEY text chunk of a PNG written by save_png(data=...), or None."""
+    import struct  # noqa: PLC0415
+
+    raw = Path(path).read_bytes()
+    i = 8
+    while i + 8 <= len(raw):
+        n, kind = struct.unpack(">I4s", raw[i:i + 8])
+        if kind == b"tEXt":
+            key, _, value = raw[i + 8:i + 8 + n].partition(b"\0")
+            if key.decode("latin-1") == CHART_KEY:
+                return value.decode("latin-1")
+        i += 12 + n
+    return None
+
+
+def save_png(fig: Any, path: str | Path, data: Any = None) -> Path:
+    """Write `fig` to `path` (parents made), with the permissions of a normal file, and close it. With `data`
+    (what the chart draws), its fingerprint goes into the PNG as a text chunk, so a check can tell a stale chart."""
     plt = pyplot()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
     os.close(fd)
     try:
-        fig.savefig(tmp, format="png")
+        fig.savefig(tmp, format="png", metadata={CHART_KEY: fingerprint(data)} if data is not None else None)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)     # mkstemp makes 0600; a chart gets normal file permissions

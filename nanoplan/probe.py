@@ -8,6 +8,8 @@ SIGTERM, SIGINT or SIGHUP (the running trial is stopped too; a trial also dies w
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
@@ -64,23 +66,35 @@ def before_after_table(res: ProbeResult) -> Table:
 
 
 def print_probe(res: ProbeResult, console: Console | None = None) -> None:
-    """The trials, the before/after table and what the probe cost."""
+    """The trials, the before/after table and what the probe cost: one 80×24 screen for a few trials."""
     c = console or Console()
     rep = res.report
     c.print(trials_table(rep))
-    c.print(f"chosen: {rep['reason']}")
+    c.print(f"chosen: {rep['reason']}", highlight=False)
     if res.corrected is not None:
         c.print(before_after_table(res))
-    cost = rep["cost"]
     n_run = sum(r["status"] != "skipped" for r in rep["trials"])
-    c.print(f"probe cost: {n_run} trial{'s' if n_run != 1 else ''} in {cost['seconds']:.0f} s of budget time (${cost['usd']:,.2f}); "
-            f"{rep['charged']}")
-    for w in (res.corrected.warnings if res.corrected else []):
-        c.print(f"[yellow]warning: {w}[/yellow]")
-    where = f"wrote {res.report_path}" + (f", {rep['profile']}" if rep.get("profile") else "")
+    c.print(f"probe: {n_run} trial{'s' if n_run != 1 else ''} (${rep['cost']['usd']:,.2f}), {rep['charged']}",
+            highlight=False)
+    for line in new_warnings(res):
+        c.print(f"[yellow]{line}[/yellow]", highlight=False)
+    made = [str(res.report_path)] + ([rep["profile"]] if rep.get("profile") else [])
     if res.out is not None:
-        where += f" and {res.out} (run it: nanoplan run {res.out})"
-    c.print(where)
+        c.print(f"wrote {res.out}, {' and '.join(made)}", highlight=False)
+        c.print(f"next: nanoplan run {res.out}", highlight=False)
+    else:
+        c.print(f"wrote {' and '.join(made)}", highlight=False)
+
+
+def new_warnings(res: ProbeResult) -> list[str]:
+    """The corrected plan's warnings: in full where the plan did not have that kind (the words before ':'),
+    else named in one line (the plan's own `estimate` said them already)."""
+    if res.corrected is None:
+        return []
+    kinds = {w.split(":", 1)[0] for w in res.plan.warnings}
+    new = [f"warning: {w}" for w in res.corrected.warnings if w.split(":", 1)[0] not in kinds]
+    old = list(dict.fromkeys(w.split(":", 1)[0] for w in res.corrected.warnings if w.split(":", 1)[0] in kinds))
+    return new + ([f"warnings as in the plan: {', '.join(old)}"] if old else [])
 
 
 @app.command(epilog=examples(
@@ -113,12 +127,13 @@ def probe(
     from runner.probe import ProbeWriteError  # noqa: PLC0415
     from runner.probe import probe as run_probe  # noqa: PLC0415
 
-    log = (lambda s: None) if json_out else typer.echo
+    console = Console()
     # SIGTERM, SIGINT and SIGHUP stop the probe with one line (exit 130), its running trial with it
     stops = StopRequests("during the probe; its trial was stopped")
     try:
-        res = run_probe(plan_path, out=out, work_dir=dir, data=data, warmup=warmup, steps=steps,
-                        trial_timeout_s=trial_timeout, timeout_s=timeout, force=force, log=log)
+        with _progress(console, json_out) as log:
+            res = run_probe(plan_path, out=out, work_dir=dir, data=data, warmup=warmup, steps=steps,
+                            trial_timeout_s=trial_timeout, timeout_s=timeout, force=force, log=log)
     except ProbeWriteError as e:
         typer.echo(f"error: {e}", err=True)
         raise typer.Exit(4) from None
@@ -127,4 +142,17 @@ def probe(
     if json_out:
         typer.echo(json.dumps(res.report, indent=2))
         return
-    print_probe(res)
+    print_probe(res, console)
+
+
+@contextmanager
+def _progress(console: Console, quiet: bool) -> Iterator[Callable[[str], None]]:
+    """Where the probe says how it goes: on a terminal, one status line that each trial replaces (the trials
+    table shows them all after, so the answer fits one screen); in a pipe or a log, one line each; --json: none."""
+    if quiet:
+        yield lambda s: None
+    elif not console.is_terminal:
+        yield typer.echo
+    else:
+        with console.status("probe: starting") as status:
+            yield lambda s: status.update(s.strip()[: max(20, console.width - 4)])

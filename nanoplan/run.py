@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from nanoplan.cli import app
-from nanoplan.common import examples
+from nanoplan.common import at_least, examples
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
@@ -63,6 +63,7 @@ def run(
     A plan made for nanochat, torchtitan or DeepSpeed (estimate --trainer) runs that trainer under the same
     budget: its save cadence and step count are set so that its last save lands before the deadline, and a
     relaunch resumes from its newest complete checkpoint (docs/trainers.md)."""
+    at_least(("--nnodes", nnodes, 1), ("--node-rank", node_rank, 0))
     from runner.clock import boottime, process_start_boottime  # noqa: PLC0415
 
     t0 = process_start_boottime() or boottime()     # the budget clock of this launch starts here

@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 
 from nanoplan.cli import app
-from nanoplan.common import examples
+from nanoplan.common import FLAG, examples
 from planner.units import fmt_bytes
 
 Opt = typer.Option
@@ -18,6 +18,7 @@ Opt = typer.Option
 @app.command(epilog=examples(
     ("nanoplan validate plan.json", "re-derive every number and check the fit"),
     ("nanoplan validate plans/*.json --json", "many plans, as JSON"),
+    ("nanoplan validate plans/*.json --wide", "every column, however narrow the terminal"),
     ("nanoplan validate plan.json --trace", "also trace the real training step (imports torch)"),
 ))
 def validate(
@@ -25,6 +26,7 @@ def validate(
     trace: Annotated[bool, Opt("--trace", help="Also trace each plan's real training step (imports torch)")] = False,
     json_out: Annotated[bool, Opt("--json", help="Print a JSON list, one object per plan")] = False,
     headroom: Annotated[float, Opt(metavar="F", help="Memory kept free beyond the fragmentation, a fraction of the GPU")] = 0.0,
+    wide: Annotated[bool, Opt("--wide", metavar=FLAG, help="Every column, however wide the table")] = False,
 ) -> None:
     """Re-derive every number in each plan, check it fits; exit 0 all fit (tight: a warning), 1 not, 2 bad input."""
     from planner.validate import exit_code, validate_paths  # noqa: PLC0415
@@ -38,11 +40,11 @@ def validate(
     if json_out:
         typer.echo(json.dumps([c.as_json() for c in checks], indent=2))
     else:
-        _print(checks, trace)
+        _print(checks, trace, wide)
     raise typer.Exit(exit_code(checks))
 
 
-def _print(checks: list, trace: bool) -> None:
+def _print(checks: list, trace: bool, wide: bool = False) -> None:
     from planner.tables import Col, fit_table, hidden_note, print_table  # noqa: PLC0415
 
     cols = [Col("plan", 0, "left"), Col("model", 1, "left"), Col("GPUs", 3, "left"), Col("analytic", 2),
@@ -57,8 +59,8 @@ def _print(checks: list, trace: bool) -> None:
                      fmt_bytes(c.capacity_bytes), "[yellow]tight[/yellow]" if c.verdict == "tight" else _yes(c.fits),
                      _yes(c.consistent)])
     console = Console()     # the terminal's width, or $COLUMNS (80 when neither is known)
-    t = fit_table(cols, rows, console.width)
-    note = hidden_note(cols, t, "--json shows all")
+    t = fit_table(cols, rows, None if wide else console.width)
+    note = hidden_note(cols, t)
     # the title wraps at the terminal's width, not the table's (a rich table title wraps at the table's)
     console.print("nanoplan validate: bytes per GPU (allocated peak; total adds the profile's overheads)",
                   style="italic", highlight=False)

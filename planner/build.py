@@ -28,12 +28,11 @@ from planner.plan import (
 )
 from planner.precision_choice import PURE_BF16_WARNING
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
-from planner.spot_plan import spot_hardware, spot_length, spot_warnings
+from planner.startup import fixed_seconds, paid_seconds, steps_within
 from planner.throughput import Throughput, estimate_throughput
 from planner.trainers import trainer_for
-from planner.trainers.launch_files import launch_argv
 from planner.uncertainty import plan_uncertainty
-from planner.units import fmt_bytes, fmt_count
+from planner.units import fmt_bytes, fmt_count, fmt_duration, plural
 
 UNDERTRAINED_TOKENS_PER_PARAM = 10.0   # below this: undertrained (Chinchilla's optimum is ~20)
 MAX_EPOCHS = 4.0                       # Muennighoff et al. 2023: ~4 epochs ≈ fresh data
@@ -41,7 +40,9 @@ LARGE_STORAGE_BYTES = 1 << 40          # warn above 1 TiB of checkpoints
 
 
 def hardware_of(req: PlanRequest) -> Hardware:
-    if req.spot is not None:     # the provider's spot price (planner/spot_plan.py)
+    if req.spot is not None:     # the provider's spot price (planner/spot_plan.py, imported for spot plans only)
+        from planner.spot_plan import spot_hardware  # noqa: PLC0415
+
         return spot_hardware(req)
     return parse_gpu_spec(req.gpu, profile=req.profile, provider=req.provider, price=req.price)
 
@@ -50,9 +51,11 @@ def batch_choices(total_batch_tokens: int, seq_len: int, num_gpus: int) -> list[
     """Device batch sizes (descending) that divide the target batch exactly."""
     per = seq_len * num_gpus
     if total_batch_tokens % per:
+        p2 = 2 ** round(math.log2(total_batch_tokens))     # '1M' meant 2**20 more often than 1,000,000
+        two = f", or {p2:,} (2^{p2.bit_length() - 1})" if p2 % per == 0 else ""
         raise PlanError("--total-batch-tokens",
                         f"{total_batch_tokens:,} is not a multiple of seq_len × GPUs = {per:,}",
-                        f"use a multiple such as {max(1, round(total_batch_tokens / per)) * per:,}")
+                        f"use a multiple such as {max(1, round(total_batch_tokens / per)) * per:,}{two}")
     rows = total_batch_tokens // per
     return [b for b in range(rows, 0, -1) if rows % b == 0]
 
@@ -62,7 +65,7 @@ def grad_accum(total_batch_tokens: int, device_batch: int, seq_len: int, num_gpu
     if total_batch_tokens % micro:
         choices = batch_choices(total_batch_tokens, seq_len, num_gpus)
         raise PlanError("--device-batch-size",
-                        f"device batch {device_batch} × seq {seq_len} × {num_gpus} GPUs = {micro:,} tokens "
+                        f"device batch {device_batch} × seq {seq_len} × {plural(num_gpus, 'GPU')} = {micro:,} tokens "
                         f"does not divide the total batch {total_batch_tokens:,}",
                         f"use one of {', '.join(map(str, choices[:8]))}")
     return total_batch_tokens // micro
@@ -125,7 +128,7 @@ def choose_batch(req: PlanRequest, hw: Hardware) -> int:
 
 
 def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sched: SchedulePlan,
-              n: int, limited: str = "") -> list[str]:
+              n: int, limited: str = "", per: str = "param") -> list[str]:
     out = []
     cap = hw.profile.usable_bytes * (1 - req.headroom)
     v = verdict_of(req, mem, hw)
@@ -138,14 +141,14 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
                    f"{req.headroom:.0%} headroom; {fix}")
     if sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM and req.max_epochs and sched.epochs \
             and sched.epochs >= req.max_epochs * 0.999:
-        out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/param after {sched.epochs:.1f} epochs "
+        out.append(f"data-limited: {sched.tokens_per_param:.1f} tokens/{per} after {sched.epochs:.1f} epochs "
                    f"(--max-epochs {req.max_epochs:g}); more unique data would let this model train longer")
     elif limited == "epochs":
         asked = "--budget" if req.budget_usd is not None else "--hours" if req.hours is not None else "--steps"
         out.append(f"stops at {req.max_epochs:g} epochs of {fmt_count(sched.dataset_tokens or 0)} tokens, short of "
                    f"{asked}; --max-epochs N trains longer on repeats (past {MAX_EPOCHS:.0f} they lose value)")
     elif sched.tokens_per_param < UNDERTRAINED_TOKENS_PER_PARAM:
-        out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/param (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
+        out.append(f"undertrained: {sched.tokens_per_param:.1f} tokens/{per} (< {UNDERTRAINED_TOKENS_PER_PARAM:.0f}; "
                    f"Chinchilla-optimal is ~20); a smaller model or more hours would use the budget better")
     if sched.epochs is not None and sched.epochs > MAX_EPOCHS:
         out.append(f"repeated data: {sched.epochs:.1f} epochs over {fmt_count(sched.dataset_tokens or 0)} tokens "
@@ -164,6 +167,22 @@ def _warnings(req: PlanRequest, hw: Hardware, mem: MemoryEstimate, fit: bool, sc
         out.append(f"speed unproven on {hw.profile.name}: predicted tokens/s {speed_off_words(c)} ({c.rows}); "
                    f"this plan is {'optimistic' if c.median_ratio > 1 else 'pessimistic'}")
     return out
+
+
+def _too_short(req: PlanRequest, hw: Hardware, hours: float, limited: str, step_s: float, fixed_s: float) -> PlanError:
+    """The error of a length that trains no step after the launch's start-up; the hint names a batch that would."""
+    what = (f"{fmt_duration(hours * 3600)}" if limited == "hours" else
+            f"${req.budget_usd:.3g} buys {fmt_duration(hours * 3600)} of {hw.spec}, which")
+    tokens, per = req.total_batch_tokens, req.model.seq_len * hw.num_gpus
+    left = hours * 3600 - fixed_s          # for one step, at half the time a step scales with (its fixed costs)
+    rows = max(1, math.floor(tokens * left / (2 * step_s) / per) if left > 0 else 1)
+    smaller = (f"a smaller batch such as --total-batch-tokens {rows * per:,} ({plural(rows, 'sequence')} of "
+               f"{req.model.seq_len:,} per GPU), " if rows * per < tokens else "")
+    return PlanError("--hours" if limited == "hours" else "--budget",
+                     f"{what} leaves no time for one optimizer step of {tokens:,} tokens ({fmt_duration(step_s)}) after "
+                     f"the launch's start-up{' and compile warm-up' if req.compile else ''} ({fmt_duration(fixed_s)}); "
+                     "nothing would train",
+                     f"give {smaller}a longer --hours or a larger --budget, or --steps N")
 
 
 def checkpoint_disk_bytes(num_checkpoints: int, keep_last: int, checkpoint_bytes: int) -> int:
@@ -195,9 +214,11 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                                          software=software)
     usd_per_hour = g * hw.usd_per_gpu_hour
 
+    # the hours are the launch's paid hours: start-up and compile warm-up, then the steps (planner/startup.py)
+    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, req.compile)
     if req.steps is not None:
         steps = req.steps
-        hours = steps * tp.step_seconds / 3600
+        hours = paid_seconds(steps, tp.step_seconds, fixed_s) / 3600
         limited = "steps"
     else:
         if req.hours is not None:
@@ -207,20 +228,17 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                 raise PlanError("--budget", f"the price of {hw.spec} is $0/h, so a dollar budget sets no length",
                                 "give --price USD_PER_GPU_HOUR, --hours H or --steps N")
             hours, limited = req.budget_usd / usd_per_hour, "budget"
-        steps = math.floor(hours * 3600 / tp.step_seconds)
+        steps = steps_within(hours * 3600, tp.step_seconds, fixed_s)
         if steps < 1:     # not even one optimizer step: a plan of one step would overrun what was asked
-            what = (f"{req.hours:.3g} h" if limited == "hours" else
-                    f"${req.budget_usd:.3g} buys {hours * 3600:.3g} s of {hw.spec}, which")
-            raise PlanError("--hours" if limited == "hours" else "--budget",
-                            f"{what} is shorter than one optimizer step ({tp.step_seconds:.3g} s); nothing would train",
-                            "give a longer --hours, a larger --budget, or --steps N")
+            raise _too_short(req, hw, hours, limited, tp.step_seconds, fixed_s)
     if req.max_epochs is not None and req.dataset_tokens:
         cap = max(1, math.floor(req.max_epochs * req.dataset_tokens / tp.tokens_per_step))
         if steps > cap:
             steps, limited = cap, "epochs"
-            hours = steps * tp.step_seconds / 3600
+            hours = paid_seconds(steps, tp.step_seconds, fixed_s) / 3600
 
     N = tr.counts(spec, req.trainer).n_params if tr is not None else n_params(spec)
+    N_ratio, per = tr.ratio_params(spec, req.trainer) if tr is not None else (N, "param")   # what tokens/param counts
     w_bytes = 2 if req.precision == "bf16" else 4
     model_file = N * w_bytes
     opt_elems = 2 * N if req.optimizer == "adamw" else (matrix_params(spec) + 2 * (N - matrix_params(spec)))
@@ -232,6 +250,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     spot: SpotPlan | None = None
     ckpt_minutes = req.checkpoint_every_minutes
     if req.spot is not None:     # spot GPUs: the steps that finish within the cap, the Young/Daly cadence
+        from planner.spot_plan import spot_length  # noqa: PLC0415
+
         steps, hours, limited, spot = spot_length(req, hw, tp, ckpt_bytes)
         ckpt_minutes = spot.checkpoint_every_minutes
     usd = hours * usd_per_hour
@@ -244,7 +264,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
 
     sched = SchedulePlan(
         total_steps=steps, tokens_per_step=tp.tokens_per_step, total_tokens=tokens,
-        tokens_per_param=tokens / N, dataset_tokens=req.dataset_tokens, epochs=epochs,
+        tokens_per_param=tokens / N_ratio, dataset_tokens=req.dataset_tokens, epochs=epochs,
         checkpoint_every_minutes=ckpt_minutes, checkpoint_every_steps=ckpt_steps,
         num_checkpoints=n_ckpt, model_file_bytes=model_file, optimizer_bytes_per_rank=opt_rank,
         checkpoint_bytes=ckpt_bytes, keep_last=req.keep_last, storage_bytes=storage,
@@ -275,16 +295,17 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                                   compute_seconds=tp.compute_seconds, comm_seconds=tp.comm_seconds,
                                   exposed_comm_seconds=tp.exposed_comm_seconds,
                                   optimizer_seconds=tp.optimizer_seconds, micro_step_seconds=tp.micro_step_seconds),
-        budget=BudgetPlan(usd=usd, hours=hours, usd_per_hour=usd_per_hour, limited_by=limited),
+        budget=BudgetPlan(usd=usd, hours=hours, usd_per_hour=usd_per_hour, limited_by=limited,
+                          startup_seconds=fixed_s),
         schedule=sched,
         launch=LaunchPlan(run_dir=req.run_dir,
                           command=torchrun_command(plan_path, hw.gpus_per_node, req.run_dir, nnodes=hw.nodes,
                                                    node_rank="$NODE_RANK" if hw.nodes > 1 else 0,
                                                    python="python") if tr is None else
-                          launch_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
-                                      steps, ckpt_steps)),
+                          _trainer_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
+                                        steps, ckpt_steps)),
         spot=spot,
-        warnings=_warnings(req, hw, mem, fit, sched, N, limited) + (spot_warnings(req, spot) if spot else []),
+        warnings=_warnings(req, hw, mem, fit, sched, N, limited, per) + (_spot_warnings(req, spot) if spot else []),
         uncertainty=plan_uncertainty(  # P10–P90 from the model's held-out errors on similar public runs
             gpu_profile=hw.profile.name, kind_gpu=hw.profile.kind == "gpu", trainer=req.trainer.name,
             compiled=req.compile, nodes=hw.nodes, tokens_per_sec=tp.tokens_per_sec,
@@ -302,6 +323,19 @@ def _parallel_fields(req: PlanRequest, cfg: StepConfig) -> dict[str, object]:
             "hsdp_shard": cfg.hsdp_shard or None}
 
 
+def _spot_warnings(req: PlanRequest, spot: SpotPlan) -> list[str]:
+    from planner.spot_plan import spot_warnings  # noqa: PLC0415  (spot plans only: a lighter start-up)
+
+    return spot_warnings(req, spot)
+
+
+def _trainer_argv(req: PlanRequest, nodes: int, gpus_per_node: int, steps: int, ckpt_steps: int) -> list[str]:
+    """Another trainer's launch line (planner/trainers/launch_files.py: imported for those plans only)."""
+    from planner.trainers.launch_files import launch_argv  # noqa: PLC0415
+
+    return launch_argv(req, nodes, gpus_per_node, steps, ckpt_steps)
+
+
 def _model_plan(req: PlanRequest) -> ModelPlan:
     """The model's counts: the trainer's own (planner/trainers/) where the plan names one."""
     spec = req.model
@@ -314,20 +348,38 @@ def _model_plan(req: PlanRequest) -> ModelPlan:
                      matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec))
 
 
+def _show(v: object) -> str:
+    """A value in a sentence: a command as a shell line, a number with its digits, text as it is."""
+    if isinstance(v, list) and all(isinstance(x, str) for x in v):
+        import shlex  # noqa: PLC0415
+
+        return shlex.join(v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return "none" if v is None else str(v)
+
+
 def _diff(path: str, stored: object, fresh: object, out: list[str]) -> None:
     if isinstance(stored, dict) and isinstance(fresh, dict):
         for k in sorted(set(stored) | set(fresh)):
             _diff(f"{path}.{k}" if path else k, stored.get(k), fresh.get(k), out)
     elif isinstance(stored, float) or isinstance(fresh, float):
         if stored is None or fresh is None or not math.isclose(float(stored), float(fresh), rel_tol=1e-6, abs_tol=1e-9):
-            out.append(f"{path}: plan says {stored!r}, re-derived {fresh!r}")
+            out.append(f"{path} is {_show(stored)} in the plan, {_show(fresh)} re-derived")
     elif stored != fresh:
-        out.append(f"{path}: plan says {stored!r}, re-derived {fresh!r}")
+        out.append(f"{path} is {_show(stored)} in the plan, {_show(fresh)} re-derived")
 
 
 def rederive(plan: Plan, plan_path: str | None = None) -> tuple[Plan, list[str]]:
-    """Rebuild a plan from its request; return the fresh plan and any stale or tampered fields."""
-    fresh = build_plan(plan.request, plan_path=plan_path or _plan_path_in(plan))
+    """Rebuild a plan from its request; return the fresh plan and any stale or tampered fields.
+
+    The launch line names the file estimate wrote (`--plan PATH`): a plan copied or moved elsewhere is the same
+    plan, so the comparison rebuilds it at its recorded path whatever `plan_path` (where it is now) says, and
+    `run` and `validate` agree on it."""
+    del plan_path     # where the plan is now: not a derived number
+    fresh = build_plan(plan.request, plan_path=_plan_path_in(plan))
     problems: list[str] = []
     s, f = plan.model_dump(mode="json"), fresh.model_dump(mode="json")
     for key in ("hardware", "model", "training", "memory", "throughput", "budget", "schedule", "launch", "spot"):

@@ -16,9 +16,10 @@ from typing import Any
 from planner.candidates import Candidate, Length, Settings
 from planner.errors import PlanError
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
-from planner.ranking import VALUE_TOL, objective_key
+from planner.ranking import VALUE_TOL, launch_fixed_s, objective_key
 from planner.selection import search
 from planner.spec import ModelSpec
+from planner.startup import paid_seconds
 from planner.units import GiB, fmt_count
 
 DEFAULT_GPUS = ("8xB200", "8xH200", "8xH100", "8xA100", "4xH100", "4xA100", "H100", "2x8xH100")
@@ -38,6 +39,8 @@ class Row:
     is_best: bool = False
     is_cheapest: bool = False
     is_fastest: bool = False
+    unproven: bool = False        # its GPU's speed is off by more than SPEED_CHECK_TOL against public runs
+    would_take: str = ""          # the marks (★$») it would take on its unproven speed, not given to it
 
 
 @dataclass
@@ -110,20 +113,21 @@ def compare(gpus: Sequence[str], models: Sequence[ModelSpec], length: Length, se
             rows.append(Row(gpu=hw.spec, hw=hw, best=None, note=f"{e.problem}"))
             continue
         evaluated += res.evaluated
-        if (c := speed_off(hw.profile)) is not None:     # planner.build warns in the plan; the table says it too
-            note = "; ".join(x for x in (note, f"tokens/s {speed_off_words(c)}") if x)
+        off = speed_off(hw.profile)
+        if off is not None:     # planner.build warns in the plan; the table says it too
+            note = "; ".join(x for x in (note, f"tokens/s {speed_off_words(off)}") if x)
         if res.best is None:
             rows.append(Row(gpu=hw.spec, hw=hw, best=None, note="nothing fits" + (f"; {note}" if note else "")))
         else:
-            rows.append(Row(gpu=hw.spec, hw=hw, best=res.best, note=note))
+            rows.append(Row(gpu=hw.spec, hw=hw, best=res.best, note=note, unproven=off is not None))
     found = [r for r in rows if r.best is not None]
     ref_model = ref_tokens = None
     if found:
-        top = min(found, key=lambda r: objective_key(objective, r.best))  # type: ignore[arg-type]
-        if objective == "value":   # the cheapest row within VALUE_TOL of the lowest loss among the rows
-            floor = min(r.best.loss for r in found)  # type: ignore[union-attr]
-            top = min((r for r in found if r.best.loss <= floor * (1 + VALUE_TOL)),  # type: ignore[union-attr]
-                      key=lambda r: (r.best.usd, r.best.loss))  # type: ignore[union-attr]
+        # an unproven row never takes a mark while a proven one can: its numbers rest on a speed the public
+        # runs contradict (it keeps its row and '*', and the caption names the marks it would have taken)
+        top = _top(_proven(found), objective)
+        if (alt := _top(found, objective)) is not top:
+            alt.would_take += "★"
         top.is_best = True
         ref_model, ref_tokens = top.best.spec, top.best.tokens  # type: ignore[union-attr]
         for r in rows:
@@ -134,15 +138,42 @@ def compare(gpus: Sequence[str], models: Sequence[ModelSpec], length: Length, se
             except PlanError:
                 continue
             evaluated += fast.evaluated
-            if fast.best is not None:
-                r.ref_hours = ref_tokens / fast.best.tokens_per_sec / 3600
+            if fast.best is not None:   # the same launch as every plan: start-up and compile, then the steps
+                steps = math.ceil(ref_tokens / settings.total_batch_tokens)
+                r.ref_hours = paid_seconds(steps, fast.best.step_seconds, launch_fixed_s(fast)) / 3600
                 r.ref_usd = r.ref_hours * r.hw.num_gpus * r.hw.usd_per_gpu_hour
         timed = [r for r in rows if r.ref_hours is not None]
         if timed:
-            min(timed, key=lambda r: (r.ref_usd, r.ref_hours)).is_cheapest = True
-            min(timed, key=lambda r: (r.ref_hours, r.ref_usd)).is_fastest = True
+            for mark, key in (("$", lambda r: (r.ref_usd, r.ref_hours)), ("»", lambda r: (r.ref_hours, r.ref_usd))):
+                pick = min(_proven(timed), key=key)
+                if (alt := min(timed, key=key)) is not pick:
+                    alt.would_take += mark
+                setattr(pick, "is_cheapest" if mark == "$" else "is_fastest", True)
     return Comparison(rows=rows, objective=objective, length=length, settings=settings, ref_model=ref_model,
                       ref_tokens=ref_tokens, evaluated=evaluated, seconds=time.perf_counter() - t0)
+
+
+def _proven(rows: list[Row]) -> list[Row]:
+    """The rows whose speed the public runs back, or all of them when none is."""
+    return [r for r in rows if not r.unproven] or rows
+
+
+def _top(rows: list[Row], objective: str) -> Row:
+    """The best row by the objective (value: the cheapest within VALUE_TOL of the lowest loss)."""
+    if objective == "value":
+        floor = min(r.best.loss for r in rows)  # type: ignore[union-attr]
+        return min((r for r in rows if r.best.loss <= floor * (1 + VALUE_TOL)),  # type: ignore[union-attr]
+                   key=lambda r: (r.best.usd, r.best.loss))  # type: ignore[union-attr]
+    return min(rows, key=lambda r: objective_key(objective, r.best))  # type: ignore[arg-type]
+
+
+def unproven_note(cmp: Comparison) -> str:
+    """The caption's word on marks withheld: '8xB200 would take ★$» on its unproven speed'."""
+    held = [f"{r.gpu} would take {r.would_take}" for r in cmp.rows if r.would_take]
+    if not held:
+        return ""
+    return (f"Not marked: {'; '.join(held)} on a speed its public runs do not back (*); marks go to rows whose "
+            "speed they do.")
 
 
 # ---------------------------------------------------------------- data frame
@@ -184,6 +215,8 @@ def records(cmp: Comparison) -> list[dict[str, Any]]:
             "best": r.is_best,
             "cheapest": r.is_cheapest,
             "fastest": r.is_fastest,
+            "speed_unproven": r.unproven,
+            "would_take": r.would_take,
             "note": r.note,
         }
         out.append(d)
@@ -273,7 +306,15 @@ def caption(cmp: Comparison) -> str:
     return (f"★ best by '{cmp.objective}' at {length}, {prices_used(cmp)}. $ cheapest and » fastest to train "
             f"{ref_label(cmp)} (ref $, ref h), each with its fastest settings. P10–P90: of {varying}, from the "
             f"model's held-out errors on similar public runs ('-': none comparable). {cmp.evaluated:,} candidates in "
-            f"{cmp.seconds * 1000:.0f} ms.")
+            f"{cmp.seconds * 1000:.0f} ms." + notes(cmp))
+
+
+def notes(cmp: Comparison) -> str:
+    """The footnotes of rows marked '*' (a speed the public runs do not back, a price not the provider's),
+    and the marks withheld from them."""
+    rows = [f"{r.gpu}: {r.note}" for r in cmp.rows if r.best is not None and r.note]
+    out = (" * " + "; ".join(rows) + ".") if rows else ""
+    return out + (f" {held}" if (held := unproven_note(cmp)) else "")
 
 
 # Display columns: (name, priority for fit_table, left-justified). Priority 0 always shows.
@@ -345,10 +386,8 @@ def rich_table(cmp: Comparison, width: int | None = None) -> Any:
             row[[c.name for c in cols].index("ref h")] = f"[bold magenta]{d['ref h']}[/]"
         cells.append(row)
     styles = ["bold green" if r.is_best else ("dim" if r.best is None else None) for r in cmp.rows]
-    notes = [f"{r.gpu}: {r.note}" for r in cmp.rows if r.best is not None and r.note]
-    cap = caption(cmp) + (" * " + "; ".join(notes) + "." if notes else "")
     t = fit_table(cols, cells, width, title=f"Best run per GPU configuration (objective: {cmp.objective})",
-                  styles=styles, caption=cap)
+                  styles=styles, caption=caption(cmp))
     from planner.tables import hidden_note  # noqa: PLC0415
 
     if note := hidden_note(cols, t):

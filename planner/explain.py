@@ -16,13 +16,24 @@ from planner.counts import n_params
 from planner.errors import PlanError
 from planner.memory import estimate
 from planner.memory_terms import StepConfig
-from planner.ranking import SETTINGS_TOL, VALUE_TOL, length_key, rank_key, with_objective, zero1_first
+from planner.ranking import (
+    SETTINGS_TOL,
+    VALUE_TOL,
+    launch_fixed_s,
+    length_key,
+    rank_key,
+    with_objective,
+    zero1_first,
+)
 from planner.scaling import R_STAR_D, R_STAR_N, data_optimal_params, effective_tokens
 from planner.spec import ModelSpec
 from planner.throughput import Throughput, estimate_throughput
 from planner.units import fmt_bytes, fmt_count
 
-FIT_VOCAB = (32_000, 65_536)   # Chinchilla's 32k SentencePiece vocab (Hoffmann et al. 2022) .. nanochat's 65,536
+# vocabularies near the loss fit's: Muennighoff et al. 2023 fitted on C4 with the GPT-2 tokenizer (50,257);
+# 32k (Llama 2's) .. 65,536 (nanochat's) are taken as close enough to rank runs
+FIT_VOCAB = (32_000, 65_536)
+LOSS_FIT = "Muennighoff et al. 2023 fit"   # planner/scaling.py: the law the loss column comes from
 MUCH_CHEAPER = 0.8   # "much less": at most 80% of the winner's cost
 
 
@@ -62,7 +73,7 @@ def _vocab(result: SearchResult) -> int:
 
 
 def loss_header(result: SearchResult) -> str:
-    """'loss', or 'loss*' where the vocabulary is outside the range the Chinchilla fit was made on."""
+    """'loss', or 'loss*' where the vocabulary is far from the one the loss fit was made with (GPT-2's)."""
     return "loss" if FIT_VOCAB[0] <= _vocab(result) <= FIT_VOCAB[1] else "loss*"
 
 
@@ -70,7 +81,8 @@ def loss_caption(result: SearchResult) -> str | None:
     """The footnote of 'loss*': the fitted loss only ranks runs at this vocabulary."""
     if loss_header(result) == "loss":
         return None
-    return (f"* Chinchilla fit (vocab 32k–65k): ranks runs, not a loss to expect at vocab {_vocab(result):,}")
+    return (f"* {LOSS_FIT} (C4, GPT-2 tokenizer, vocab 50,257): ranks runs, not a loss to expect at vocab "
+            f"{_vocab(result):,}")
 
 
 def nothing_fits(result: SearchResult) -> PlanError:
@@ -278,20 +290,17 @@ def _why_not_bigger(result: SearchResult, best: Candidate) -> str:
 
 
 def _run_hours(result: SearchResult) -> float | None:
-    """The full run length in hours of a budget or --hours search (None for --steps)."""
-    ln = result.length
-    if ln.hours is not None:
-        return ln.hours
-    if ln.budget_usd is not None:
-        return ln.budget_usd / (result.hw.num_gpus * result.hw.usd_per_gpu_hour)
-    return None
+    """The spend in hours that a budget or --hours search gave every run (None for --steps): the same
+    length that ranked them (planner.ranking.prefer_simpler), so explain's siblings are the ranking's."""
+    return None if result.length.steps is not None else result.spend_hours
 
 
 def _siblings(result: SearchResult, best: Candidate) -> list[Candidate]:
     """The other settings of the winner's model for the same run length."""
     rh = _run_hours(result)
-    key = length_key(best, rh)
-    return [c for c in result.ranked if c.spec == best.spec and length_key(c, rh) == key]
+    f = launch_fixed_s(result)
+    key = length_key(best, rh, f)
+    return [c for c in result.ranked if c.spec == best.spec and length_key(c, rh, f) == key]
 
 
 def why_settings(result: SearchResult, best: Candidate) -> list[str]:
@@ -316,7 +325,7 @@ def why_settings(result: SearchResult, best: Candidate) -> list[str]:
     elif best.strategy == "zero1" and (twin := _ddp_twin(sib, best)) is not None:
         out.append(_why_zero1(result, best, twin))
     else:
-        ddp = [c for c in sib if c.strategy == "ddp"]
+        ddp = [c for c in same if c.strategy == "ddp"]   # fits at any length (a faster setting runs more steps)
         if ddp:
             d = min(ddp, key=lambda c: c.step_seconds)
             dmax = max(c.device_batch for c in ddp if c.activation_checkpointing == d.activation_checkpointing)

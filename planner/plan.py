@@ -187,14 +187,14 @@ class TrainingPlan(_Strict):
     # the residual stream between blocks (runner/model.py; bf16 under bf16 precisions, docs/numerics.md).
     # None: a plan written before it was recorded.
     residual_dtype: Literal["bf16", "fp32"] | None = None
-    ac_every: int = 1                  # absent in plans written before issue 25: every block, full, no FP8
+    ac_every: int = Field(default=1, ge=1, le=100_000)   # absent in plans written before issue 25: every block
     ac_policy: AcPolicy = "full"
     fp8: bool = False
     # absent in plans written before issue 29: no tensor parallelism, no HSDP (planner/parallelism.py)
-    tp: int = 1
+    tp: int = Field(default=1, ge=1, le=1024)
     sequence_parallel: bool = True
-    data_parallel: int | None = None   # with tp or hsdp: data-parallel ranks (GPUs / tp)
-    hsdp_shard: int | None = None      # hsdp: the GPUs a shard group spans (one node's / tp); dp / it replicas
+    data_parallel: int | None = Field(default=None, ge=1)   # with tp or hsdp: data-parallel ranks (GPUs / tp)
+    hsdp_shard: int | None = Field(default=None, ge=1)      # hsdp: the GPUs of a shard group (one node's / tp)
 
 
 class MemoryPlan(_Strict):
@@ -230,6 +230,8 @@ class BudgetPlan(_Strict):
     hours: float = Field(gt=0, **Finite)
     usd_per_hour: float = Field(ge=0, **Finite)
     limited_by: Literal["budget", "hours", "steps", "epochs"]
+    # paid before the steps train: start-up, rendezvous, compile warm-up (planner/startup.py); in `hours`
+    startup_seconds: float = Field(default=0.0, ge=0, **Finite)
 
 
 class SchedulePlan(_Strict):
@@ -295,7 +297,7 @@ class UncertaintyPlan(_Strict):
     this plan (planner/uncertainty.py). A figure the length rule fixes (hours and dollars under a budget, tokens
     under --steps) has no band; none at all where too few comparable runs exist (`basis` says why)."""
 
-    basis: str                                   # "14 public runs on H100/H200, compiled, single node", or why none
+    basis: str                                   # "14 public runs on H100/H200, compiled, 1 node", or why none
     runs: int = Field(ge=0)
     tokens_per_sec: tuple[Bound, Bound] | None = None
     hours: tuple[Bound, Bound] | None = None
@@ -325,6 +327,17 @@ class Plan(_Strict):
     spot: SpotPlan | None = None
     warnings: list[str] = []
     uncertainty: UncertaintyPlan | None = None   # absent in plans written before issue 29
+
+
+def run_dir_problem(raw: str) -> str | None:
+    """Why a plan file may not name this run dir, or None. A plan may be someone else's file, so the directory
+    it names must be relative and free of '..' (it lands under the current directory); any other place is asked
+    for on the command line (`nanoplan run --run-dir`). `estimate` refuses to write such a plan, `run` such a file."""
+    p = Path(raw)
+    if not raw.strip() or p.is_absolute() or ".." in p.parts or raw.startswith("~"):
+        return (f"is {raw!r}; a plan file may only name a run dir inside the current directory "
+                "(relative, without '..')")
+    return None
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

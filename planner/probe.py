@@ -29,7 +29,7 @@ from planner.errors import PlanError
 from planner.plan import Plan, PlanRequest
 from planner.profiles import HardwareProfile
 from planner.throughput import measured_mfu
-from planner.units import fmt_bytes, fmt_count
+from planner.units import fmt_bytes, fmt_count, fmt_duration
 
 MIN_GAIN = 0.02      # assumption: a config must beat the plan's own by 2% to replace it (step-time noise)
 PROBED_SUFFIX = "-probed"   # the calibrated profile's name: the built-in name with this suffix
@@ -190,19 +190,19 @@ def corrected_length(plan: Plan, cost_s: float) -> tuple[dict[str, Any], str]:
     if req.hours is not None:
         left = req.hours - c["hours"]
         if left <= 0:
-            raise PlanError("probe", f"took {c['hours']:.4g} h, the plan's whole {req.hours:g} h",
+            raise PlanError("probe", f"took {fmt_duration(cost_s)}, the plan's whole {fmt_duration(req.hours * 3600)}",
                             "give the plan more hours, or probe with fewer --steps or a shorter --timeout")
-        return {"hours": left}, (f"charged to the budget: {req.hours:g} h − {c['hours']:.4g} h probe "
-                                 f"= {left:.4g} h left to train")
+        return {"hours": left}, (f"charged to the budget: {fmt_duration(req.hours * 3600)} − "
+                                 f"{fmt_duration(cost_s)} probe = {fmt_duration(left * 3600)} left")
     if req.budget_usd is not None:
         left = req.budget_usd - c["usd"]
         if left <= 0:
             raise PlanError("probe", f"cost ${c['usd']:,.2f}, the plan's whole ${req.budget_usd:,.2f}",
                             "give the plan a bigger budget, or probe with fewer --steps or a shorter --timeout")
         return {"budget_usd": left}, (f"charged to the budget: ${req.budget_usd:,.2f} − ${c['usd']:,.2f} probe "
-                                      f"= ${left:,.2f} left to train")
+                                      f"= ${left:,.2f} left")
     return {}, (f"not charged: the plan's length is {req.steps:,} steps (--steps); the probe's "
-                f"{c['hours']:.4g} h (${c['usd']:,.2f}) come on top")
+                f"{fmt_duration(cost_s)} (${c['usd']:,.2f}) come on top")
 
 
 def replan(plan: Plan, chosen: Plan, m: Measurement, cost_s: float, *, plan_path: str, today: str,
@@ -235,31 +235,30 @@ def before_after(before: Plan, after: Plan, chosen: dict[str, Any]) -> list[tupl
     meas = chosen["measured"]
 
     def cfg(s: dict[str, Any]) -> str:
-        return f"{s['device_batch_size']} × {s['grad_accum_steps']}, {s['strategy']}"
+        return (f"{s['device_batch_size']} × {s['grad_accum_steps']}, {s['strategy']}, "
+                f"{'AC' if s['activation_checkpointing'] else 'no AC'}")
 
     def pct(x: float, y: float) -> str:
         return f" ({x / y - 1:+.0%})" if y else ""
 
     mem_after = (f"{fmt_bytes(meas['peak_device_bytes'])} measured" if meas.get("peak_device_bytes")
-                 else f"{fmt_bytes(a['memory_bytes'])} (model; not measured here)")
+                 else f"{fmt_bytes(a['memory_bytes'])} (model, unmeasured)")
 
-    def ep(s: dict[str, Any]) -> str:
-        return "-" if s["epochs"] is None else f"{s['epochs']:.2f}"
+    def tokens(s: dict[str, Any]) -> str:
+        return fmt_count(s["tokens"]) + ("" if s["epochs"] is None else f", {s['epochs']:.2f} epochs")
 
+    def every(s: dict[str, Any]) -> str:
+        return f"{s['checkpoint_every_steps']:,} steps ({fmt_duration(s['checkpoint_every_minutes'] * 60)})"
+
+    # one screen (80×24 with the trials): the settings in one row, tokens/s with its MFU, durations in words
     return [
-        ("micro-batch × accumulation", cfg(b), cfg(a)),
-        ("activation checkpointing", "on" if b["activation_checkpointing"] else "off",
-         "on" if a["activation_checkpointing"] else "off"),
-        ("tokens/s", f"{b['tokens_per_sec']:,.0f} assumed", f"{a['tokens_per_sec']:,.0f} measured"
-         + pct(a["tokens_per_sec"], b["tokens_per_sec"])),
-        ("MFU (model FLOPs)", f"{b['mfu']:.1%} assumed", f"{a['mfu']:.1%} measured"),
-        ("step time", f"{b['step_seconds']:.3g} s", f"{a['step_seconds']:.3g} s"),
+        ("micro-batch × accum", cfg(b), cfg(a)),
+        ("tokens/s (MFU)", f"{b['tokens_per_sec']:,.0f} ({b['mfu']:.1%}) assumed",
+         f"{a['tokens_per_sec']:,.0f} ({a['mfu']:.1%}) measured" + pct(a["tokens_per_sec"], b["tokens_per_sec"])),
         ("peak memory per GPU", f"{fmt_bytes(b['memory_bytes'])} (model)", mem_after),
-        ("length", f"{b['hours']:.4g} h", f"{a['hours']:.4g} h"),
+        ("length", fmt_duration(b["hours"] * 3600), fmt_duration(a["hours"] * 3600)),
         ("steps", f"{b['steps']:,}", f"{a['steps']:,}" + pct(a["steps"], b["steps"])),
-        ("tokens", fmt_count(b["tokens"]), fmt_count(a["tokens"])),
-        ("epochs", ep(b), ep(a)),
-        ("checkpoint every", f"{b['checkpoint_every_steps']:,} steps ({b['checkpoint_every_minutes']:g} min)",
-         f"{a['checkpoint_every_steps']:,} steps ({a['checkpoint_every_minutes']:g} min)"),
+        ("tokens", tokens(b), tokens(a)),
+        ("checkpoint every", every(b), every(a)),
         ("cost", f"${b['usd']:,.2f}", f"${a['usd']:,.2f}"),
     ]

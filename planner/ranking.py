@@ -34,6 +34,7 @@ from planner.memory_terms import STRATEGIES
 from planner.profiles import Hardware
 from planner.scaling import chinchilla_distance, data_term, model_term
 from planner.spec import ModelSpec
+from planner.startup import fixed_seconds, paid_seconds, steps_within
 
 OBJECTIVES = ("loss", "value", "max-model", "throughput", "chinchilla")
 STRATEGY_RANK = {s: i for i, s in enumerate(STRATEGIES)}
@@ -71,14 +72,18 @@ def objective_key(objective: str, c: Candidate) -> tuple:
     raise PlanError("--objective", f"unknown objective {objective!r}", f"choose one of {', '.join(OBJECTIVES)}")
 
 
-def length_key(c: Candidate, run_hours: float | None) -> tuple:
-    """Candidates of one model with the same key ran for the same length: the budget's or the
-    --hours' full time (run_hours), or a number of steps (--steps, an epoch cap or an epoch stop)."""
-    return ("hours", c.hours) if run_hours is not None and c.hours == run_hours else ("steps", c.steps)
+def length_key(c: Candidate, run_hours: float | None, fixed_s: float = 0.0) -> tuple:
+    """Candidates of one model with the same key ran for the same length: the spend `run_hours` (the
+    budget's or --hours' full time, or a shorter spend whose plan pins the whole steps that fit in it,
+    so each setting has its own step count), or a number of steps (--steps, an epoch cap or an epoch stop).
+    fixed_s: the launch's start-up and compile (planner/startup.py), paid out of every spend."""
+    if run_hours is not None and (c.hours == run_hours or c.steps == _steps_at(run_hours, c.step_seconds, fixed_s)):
+        return ("hours", run_hours)
+    return ("steps", c.steps)
 
 
 def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None,
-                   shard_first: bool = False) -> list[Candidate]:
+                   shard_first: bool = False, fixed_s: float = 0.0) -> list[Candidate]:
     """Move each model's simplest near-fastest setting to the place of its best one.
 
     For the first (best) candidate f of each model, its siblings (same model, same `length_key`)
@@ -88,11 +93,11 @@ def prefer_simpler(ranked: list[Candidate], tol: float, run_hours: float | None,
     first: dict[int, tuple[int, tuple, float]] = {}   # id(spec) -> (its best's index, length key, step limit)
     for i, c in enumerate(ranked):
         if id(c.spec) not in first:
-            first[id(c.spec)] = (i, length_key(c, run_hours), c.step_seconds * (1.0 + tol))
+            first[id(c.spec)] = (i, length_key(c, run_hours, fixed_s), c.step_seconds * (1.0 + tol))
     pick: dict[int, tuple[tuple, int]] = {}          # id(spec) -> (tie_break, index) of the simplest tied sibling
     for j, c in enumerate(ranked):
         i, lk, limit = first[id(c.spec)]
-        if j != i and c.step_seconds <= limit and length_key(c, run_hours) == lk:
+        if j != i and c.step_seconds <= limit and length_key(c, run_hours, fixed_s) == lk:
             tb = tie_break(c, shard_first)
             if tb < tie_break(ranked[i], shard_first) and (id(c.spec) not in pick or tb < pick[id(c.spec)][0]):
                 pick[id(c.spec)] = (tb, j)
@@ -114,7 +119,7 @@ def rank_key(objective: str, c: Candidate) -> tuple:
 
 
 def choose(fitting: list[tuple], objective: str, steps: int | None, run_hours: float, tb: int, ds: int | None,
-           cap_steps: int | None, usd_per_hour: float) -> tuple[float, list[Candidate], int | None]:
+           cap_steps: int | None, usd_per_hour: float, fixed_s: float = 0.0) -> tuple[float, list[Candidate], int | None]:
     """(spend in hours, ranked candidates, size cap) for an objective; see docs/planning.md.
 
     loss and value with a dataset: the model may not be bigger than the one the same objective picks with
@@ -122,18 +127,19 @@ def choose(fitting: list[tuple], objective: str, steps: int | None, run_hours: f
     size, only the repeats are discounted, which favours a bigger model on fewer tokens; the cap keeps less
     data from ever buying a bigger model."""
     if steps is not None or objective not in ("loss", "value") or not fitting:
-        return run_hours, ranked_candidates(fitting, objective, steps, run_hours, tb, ds, cap_steps, usd_per_hour), None
+        return run_hours, ranked_candidates(fitting, objective, steps, run_hours, tb, ds, cap_steps, usd_per_hour,
+                                            fixed_s=fixed_s), None
     size_cap = None
     frontier = fitting
     if ds is not None:
-        free = ranked_candidates(fitting, objective, None, _spend_hours(fitting, run_hours, tb, None, None, objective),
-                                 tb, None, None, usd_per_hour)
+        free = ranked_candidates(fitting, objective, None, _spend_hours(fitting, run_hours, tb, None, None, objective,
+                                                                        fixed_s), tb, None, None, usd_per_hour, fixed_s=fixed_s)
         size_cap = free[0].n_params
         frontier = [f for f in fitting if f[1] <= size_cap]
-    spend = _spend_hours(frontier, run_hours, tb, ds, cap_steps, objective)
+    spend = _spend_hours(frontier, run_hours, tb, ds, cap_steps, objective, fixed_s)
     short = spend < run_hours * (1 - 1e-12)   # a shorter run than the budget: its plan pins the steps
     return spend, ranked_candidates(fitting, objective, None, spend, tb, ds, cap_steps, usd_per_hour, size_cap,
-                                    pinned=short), size_cap
+                                    pinned=short, fixed_s=fixed_s), size_cap
 
 
 def epoch_cap_steps(s: Settings) -> int | None:
@@ -149,31 +155,44 @@ def with_objective(result: SearchResult, objective: str, hours: float | None = N
     s, steps = result.settings, result.length.steps
     cap = epoch_cap_steps(s)
     usd_h = result.hw.num_gpus * result.hw.usd_per_gpu_hour
+    f = launch_fixed_s(result)
     if hours is not None:
-        ranked = ranked_candidates(fitting, objective, steps, hours, s.total_batch_tokens, s.dataset_tokens, cap, usd_h)
-        ranked = prefer_simpler(ranked, SETTINGS_TOL, hours if steps is None else None, zero1_first(result.hw))
+        ranked = ranked_candidates(fitting, objective, steps, hours, s.total_batch_tokens, s.dataset_tokens, cap, usd_h,
+                                   fixed_s=f)
+        ranked = prefer_simpler(ranked, SETTINGS_TOL, hours if steps is None else None, zero1_first(result.hw), f)
         return replace(result, objective=objective, ranked=ranked, spend_hours=hours, size_cap=None)
     spend, ranked, size_cap = choose(fitting, objective, steps, result.run_hours, s.total_batch_tokens,
-                                     s.dataset_tokens, cap, usd_h)
-    ranked = prefer_simpler(ranked, SETTINGS_TOL, spend if steps is None else None, zero1_first(result.hw))
+                                     s.dataset_tokens, cap, usd_h, f)
+    ranked = prefer_simpler(ranked, SETTINGS_TOL, spend if steps is None else None, zero1_first(result.hw), f)
     return replace(result, objective=objective, ranked=ranked, spend_hours=spend, size_cap=size_cap)
 
 
-def _steps_at(hours: float, step_s: float) -> int:
-    return max(1, math.floor(hours * 3600 / step_s))
+def launch_fixed_s(result: SearchResult) -> float:
+    """The launch's start-up and compile seconds of every run of a search (planner/startup.py)."""
+    return fixed_seconds(result.hw.profile.kind, result.hw.nodes, result.compiled)
+
+
+def _steps_at(hours: float, step_s: float, fixed_s: float) -> int:
+    """Whole steps that train in `hours` of paid time after the launch's start-up (at least one)."""
+    return max(1, steps_within(hours * 3600, step_s, fixed_s))
+
+
+def _paid_h(steps: int, step_s: float, fixed_s: float) -> float:
+    return paid_seconds(steps, step_s, fixed_s) / 3600
 
 
 def _fastest(fitting: list[tuple]) -> list[tuple[int, float]]:
     """(params, fastest step seconds) of each model that fits."""
-    best: dict[ModelSpec, tuple[int, float]] = {}
+    best: dict[int, tuple[int, float]] = {}      # by id(spec): see ranked_candidates
     for spec, P, *_, step_s in fitting:
-        if spec not in best or step_s < best[spec][1]:
-            best[spec] = (P, step_s)
+        k = id(spec)
+        if k not in best or step_s < best[k][1]:
+            best[k] = (P, step_s)
     return list(best.values())
 
 
 def _spend_hours(fitting: list[tuple], run_hours: float, tb: int, ds: int | None, cap_steps: int | None,
-                 objective: str) -> float:
+                 objective: str, fixed_s: float = 0.0) -> float:
     """How long (so how much money) the loss and value objectives spend; see docs/planning.md.
 
     Models are compared at equal spend, each with its fastest fitting settings (the frame of
@@ -188,7 +207,7 @@ def _spend_hours(fitting: list[tuple], run_hours: float, tb: int, ds: int | None
         """(loss, params, steps) of the best model at this spend, without the epoch cap."""
         out = None
         for P, m_term, s in models:
-            steps = _steps_at(hours, s)
+            steps = _steps_at(hours, s, fixed_s)
             key = (m_term + data_term(steps * tb, ds), P, steps)
             if out is None or key < out:
                 out = key
@@ -200,7 +219,7 @@ def _spend_hours(fitting: list[tuple], run_hours: float, tb: int, ds: int | None
     hours = run_hours
     if not within_cap(hours):
         # below this spend no model reaches the cap; search down a geometric grid, then bisect the edge
-        floor_h = min(cap_steps * s for _, _, s in models) / 3600   # type: ignore[operator]
+        floor_h = min(_paid_h(cap_steps, s, fixed_s) for _, _, s in models)   # type: ignore[arg-type]
         hi = hours
         lo = hours
         while lo > floor_h and not within_cap(lo):
@@ -217,7 +236,7 @@ def _spend_hours(fitting: list[tuple], run_hours: float, tb: int, ds: int | None
         hours = lo
     if objective == "value":
         target = best(hours)[0] * (1 + VALUE_TOL)
-        lo, hi = min(s for *_, s in models) / 3600, hours     # one step of the fastest model .. the loss spend
+        lo, hi = min(_paid_h(1, s, fixed_s) for *_, s in models), hours   # one step of the fastest model .. the loss spend
         if best(lo)[0] > target:
             for _ in range(60):
                 mid = math.sqrt(lo * hi)
@@ -235,25 +254,25 @@ def _spend_hours(fitting: list[tuple], run_hours: float, tb: int, ds: int | None
 
 def ranked_candidates(fitting: list[tuple], objective: str, fixed_steps: int | None, hours: float, tb: int,
                       ds: int | None, cap_steps: int | None, usd_per_hour: float, size_cap: int | None = None,
-                      pinned: bool = False) -> list[Candidate]:
+                      pinned: bool = False, fixed_s: float = 0.0) -> list[Candidate]:
     """Give every fitting setting its length (fixed steps, or `hours`, capped at --max-epochs) and rank them.
 
     pinned: the spend is shorter than the budget, so the plan pins the steps (plan_for_best) and each run
     lasts exactly its whole steps."""
-    m_terms: dict[ModelSpec, float] = {}
+    m_terms: dict[int, float] = {}    # by id: a pydantic model hashes all its fields on every lookup
     keyed: list[tuple[tuple, Candidate]] = []
     for spec, P, b, accum, strat, ac, total, step_s in fitting:
-        if spec not in m_terms:
-            m_terms[spec] = model_term(P, ds)
+        if (m_term := m_terms.get(id(spec))) is None:
+            m_term = m_terms[id(spec)] = model_term(P, ds)
         if fixed_steps is None:
-            steps = _steps_at(hours, step_s)
-            h = steps * step_s / 3600 if pinned else hours
+            steps = _steps_at(hours, step_s, fixed_s)
+            h = _paid_h(steps, step_s, fixed_s) if pinned else hours
         else:
-            steps, h = fixed_steps, fixed_steps * step_s / 3600
+            steps, h = fixed_steps, _paid_h(fixed_steps, step_s, fixed_s)
         if cap_steps is not None and steps > cap_steps:
-            steps, h = cap_steps, cap_steps * step_s / 3600
+            steps, h = cap_steps, _paid_h(cap_steps, step_s, fixed_s)
         tokens = steps * tb
-        loss = m_terms[spec] + data_term(tokens, ds)
+        loss = m_term + data_term(tokens, ds)
         c = Candidate(spec, P, b, accum, strat, ac, total, step_s, tb / step_s, steps, tokens, h, h * usd_per_hour,
                       loss, tokens / ds if ds else None)
         base = "throughput" if objective == "chinchilla" else objective   # chinchilla: distance added below

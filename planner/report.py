@@ -6,10 +6,10 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from planner.plan import Plan, ThroughputPlan
+from planner.plan import BudgetPlan, Plan, ThroughputPlan
 from planner.trainers import strategy_label
 from planner.uncertainty import inner, odds_words, suffix
-from planner.units import fmt_bytes, fmt_count
+from planner.units import fmt_bytes, fmt_count, fmt_duration, plural
 
 
 def _step_time(tp: ThroughputPlan) -> str:
@@ -32,6 +32,22 @@ def _kv(title: str | None, rows: list[tuple[str, str]]) -> Table:
 
 def _hours(h: float) -> str:
     return f"{h:.2f} h" if h >= 1 else f"{h * 60:.1f} min" if h * 60 >= 0.1 else f"{h * 3600:.1f} s"
+
+
+def per_param(plan: Plan) -> str:
+    """'tokens/param', or the trainer's own count where it has one: 'tokens/scaling param (435M)'."""
+    from planner.trainers import trainer_for  # noqa: PLC0415
+
+    tr = trainer_for(plan.request.trainer)
+    if tr is None:
+        return "tokens/param"
+    n, name = tr.ratio_params(plan.request.model, plan.request.trainer)
+    return "tokens/param" if name == "param" else f"tokens/{name} ({fmt_count(n)})"
+
+
+def _startup(b: BudgetPlan) -> str:
+    """'; 3.0 min of it start-up': the launch's start-up and compile warm-up, counted in the hours."""
+    return f"; {fmt_duration(b.startup_seconds)} of it start-up" if b.startup_seconds else ""
 
 
 def plan_tables(plan: Plan) -> Group:
@@ -57,14 +73,14 @@ def plan_tables(plan: Plan) -> Group:
     memt.add_row(Text("total", style=style), Text(fmt_bytes(mem.per_gpu_bytes), style=style),
                  Text(f"{mem.per_gpu_bytes / cap:.0%} of {fmt_bytes(cap)}", style=style))
     thr = _kv("Throughput", [
-        ("GPUs", f"{hw.spec} ({hw.num_gpus} GPUs, {hw.nodes} node{'s' if hw.nodes > 1 else ''})"),
-        ("batch", f"device batch {tr.device_batch_size} × seq {tr.seq_len} × {hw.num_gpus} GPUs × "
+        ("GPUs", f"{hw.spec} ({plural(hw.num_gpus, 'GPU')}, {plural(hw.nodes, 'node')})"),
+        ("batch", f"device batch {tr.device_batch_size} × seq {tr.seq_len} × {plural(hw.num_gpus, 'GPU')} × "
                   f"grad accum {tr.grad_accum_steps} = {s.tokens_per_step:,} tokens/step"),
         ("settings", f"{tr.precision}, {tr.optimizer}, {strategy_label(plan.request.trainer, tr.strategy)}, "
                      "activation checkpointing "
                      f"{'on' if tr.activation_checkpointing else 'off'}, compile {'on' if tr.compile else 'off'}"),
-        ("tokens/s", f"{tp.tokens_per_sec:,.0f} ({_band(plan, 'tokens_per_sec')}MFU {tp.mfu:.0%} assumed, "
-                     f"{tp.effective_mfu:.0%} effective)"),
+        ("tokens/s", f"{tp.tokens_per_sec:,.0f} ({_band(plan, 'tokens_per_sec')}MFU {tp.effective_mfu:.0%} over the "
+                     f"whole step, which the hours come from; {tp.mfu:.0%} in its compute)"),
         ("odds", odds_words(plan.uncertainty, b.limited_by, s.total_tokens)),
         ("step time", _step_time(tp)),
     ])
@@ -73,10 +89,11 @@ def plan_tables(plan: Plan) -> Group:
         ("price", f"${hw.usd_per_gpu_hour:.2f}/GPU-h from {hw.provider} ({hw.price_date}); ${b.usd_per_hour:.2f}/h"),
         ("length", f"{_hours(b.hours)}{suffix(plan.uncertainty, 'hours')}, ${b.usd:,.2f}"
                    f"{suffix(plan.uncertainty, 'usd')} (set by {b.limited_by}"
-                   + (f": stops at {plan.request.max_epochs:g} epochs" if b.limited_by == "epochs" else "") + ")"),
+                   + (f": stops at {plan.request.max_epochs:g} epochs" if b.limited_by == "epochs" else "") + ")"
+                   + _startup(b)),
         ("steps", f"{s.total_steps:,}"),
         ("tokens", f"{s.total_tokens:,} ({fmt_count(s.total_tokens)}{suffix(plan.uncertainty, 'tokens')}), "
-                   f"{s.tokens_per_param:.1f} tokens/param"),
+                   f"{s.tokens_per_param:.1f} {per_param(plan)}"),
         ("epochs", epochs),
         ("checkpoints", f"every {s.checkpoint_every_minutes:g} min ≈ {s.checkpoint_every_steps:,} steps; "
                         f"{s.num_checkpoints} in all, {fmt_bytes(s.checkpoint_bytes)} each"),
@@ -128,12 +145,13 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
     return [
         ("model", f"{m.name} ({spec.style}), {fmt_count(m.n_params)} params"),
         ("tokens", f"{fmt_count(s.total_tokens)}{suffix(plan.uncertainty, 'tokens')} = "
-                   f"{s.tokens_per_param:.1f} tokens/param{epochs}, {s.total_steps:,} steps"),
-        ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {hw.num_gpus} GPUs = "
+                   f"{s.tokens_per_param:.1f} {per_param(plan)}{epochs}, {s.total_steps:,} steps"),
+        ("batch", f"{tr.device_batch_size} × {tr.grad_accum_steps} accum × {plural(hw.num_gpus, 'GPU')} = "
                   f"{s.tokens_per_step:,} tokens/step; {strategy_label(plan.request.trainer, tr.strategy)}, {ac}"),
-        ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s ({_band(plan, 'tokens_per_sec')}MFU {tp.mfu:.0%}), "
+        ("speed", f"{tp.tokens_per_sec:,.0f} tokens/s ({_band(plan, 'tokens_per_sec')}MFU {tp.effective_mfu:.0%}), "
                   f"{_hours(b.hours)}{suffix(plan.uncertainty, 'hours')}{stop}"),
-        ("cost", f"{_usd(b.usd)}{suffix(plan.uncertainty, 'usd')} at {price}"),
+        ("cost", f"{_usd(b.usd)}{suffix(plan.uncertainty, 'usd')} at {price}"
+                 + (f", {fmt_duration(b.startup_seconds)} start-up included" if b.startup_seconds else "")),
         ("odds", odds_words(plan.uncertainty, b.limited_by, s.total_tokens)),
         ("memory", f"{fmt_bytes(mem.per_gpu_bytes)} of {fmt_bytes(mem.capacity_bytes)} per GPU "
                    f"({mem.per_gpu_bytes / mem.capacity_bytes:.0%}): {verdict_}"),
@@ -145,11 +163,12 @@ def summary_rows(plan: Plan) -> list[tuple[str, str]]:
 EXPLAIN_HINT = "--explain: the full breakdown (memory, throughput, budget, why this plan)"
 
 
-def print_summary(plan: Plan, console: Console) -> None:
-    """The default view: the key numbers and the warnings (EXPLAIN_HINT follows); --explain prints plan_tables."""
+def print_summary(plan: Plan, console: Console, said_below: list[str] | None = None) -> None:
+    """The default view: the key numbers and the warnings (EXPLAIN_HINT follows); --explain prints plan_tables.
+    `said_below`: warnings that lines printed after this one say (the spot lines), not repeated here."""
     console.print(_kv(None, summary_rows(plan)))   # values wrap between words, never inside a number
-    if plan.warnings:
-        console.print(warning_lines(plan.warnings))
+    if warns := [w for w in plan.warnings if w not in (said_below or [])]:
+        console.print(warning_lines(warns))
 
 
 def _gpus(spec: str) -> str:

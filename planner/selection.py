@@ -22,8 +22,17 @@ from planner.memory_terms import STRATEGIES
 from planner.plan import Plan, PlanRequest
 from planner.precision_choice import pure_bf16_sentence
 from planner.profiles import Hardware, parse_gpu_spec
-from planner.ranking import OBJECTIVES, SETTINGS_TOL, choose, epoch_cap_steps, prefer_simpler, zero1_first
+from planner.ranking import (
+    OBJECTIVES,
+    SETTINGS_TOL,
+    choose,
+    epoch_cap_steps,
+    launch_fixed_s,
+    prefer_simpler,
+    zero1_first,
+)
 from planner.spec import ModelSpec
+from planner.startup import fixed_seconds, steps_within
 
 
 def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: Settings = Settings(), *,
@@ -41,10 +50,13 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     tb, usd_per_hour = settings.total_batch_tokens, grid.usd_per_hour
     run_hours = (length.hours if length.hours is not None else
                  length.budget_usd / usd_per_hour if length.budget_usd is not None else 0.0)
+    compiled = hw.profile.kind == "gpu" if settings.compile is None else settings.compile   # SearchResult.compiled
+    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, compiled)     # every run pays its launch (planner/startup.py)
     spend_hours, ranked, size_cap = choose(grid.fitting, objective, length.steps, run_hours, tb,
-                                           settings.dataset_tokens, epoch_cap_steps(settings), usd_per_hour)
+                                           settings.dataset_tokens, epoch_cap_steps(settings), usd_per_hour, fixed_s)
     if settings_tol > 0:
-        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None, zero1_first(hw))
+        ranked = prefer_simpler(ranked, settings_tol, spend_hours if length.steps is None else None, zero1_first(hw),
+                                fixed_s)
     return SearchResult(hw=hw, objective=objective, settings=settings, length=length, models=tuple(models),
                         micro_batches=grid.micro_batches, strategies=tuple(strategies), ac_options=tuple(ac_options),
                         ranked=ranked, evaluated=grid.evaluated, capacity=grid.capacity,
@@ -100,14 +112,18 @@ def search_cli(base: dict[str, Any], *, objective: str = "loss", top: int = 5, s
                     device_batch=base.get("device_batch_size"))
     if result.best is None:
         raise nothing_fits(result)
+    if result.length.steps is None:   # no model trains a step in the spend: say so for the fastest (build_plan)
+        fastest = min(result.ranked, key=lambda c: c.step_seconds)
+        if steps_within(result.spend_hours * 3600, fastest.step_seconds, launch_fixed_s(result)) < 1:
+            build_plan(request_for(fastest, {k: v for k, v in base.items() if k != "model"}), plan_path=plan_path)
     plan = plan_for_best(result, {k: v for k, v in base.items() if k != "model"}, plan_path=plan_path)
     if console is not None:
-        from rich.panel import Panel  # noqa: PLC0415
-
         from planner.tables import print_table  # noqa: PLC0415
 
         print_table(console, runners_up_table(result, top, None if wide else console.width))
         if explain:
+            from rich.panel import Panel  # noqa: PLC0415  (only --explain draws one)
+
             reasons = why(result) + [x for x in (pure_bf16_sentence(result),) if x]   # planner.precision_choice
             console.print(Panel("\n".join(f"• {x}" for x in reasons), title=f"Why {plan.model.name}",
                                 title_align="left"))

@@ -43,7 +43,7 @@ class ModelSpec(BaseModel):
     tied: bool = False
     bias: bool = False
     qk_norm: bool = False
-    logit_softcap: float | None = Field(default=None, gt=0, allow_inf_nan=False, strict=True)
+    logit_softcap: float | None = Field(default=None, gt=0, le=1000, allow_inf_nan=False, strict=True)   # 15, 30: a cap
 
     @model_validator(mode="after")
     def _check_shapes(self) -> ModelSpec:
@@ -147,5 +147,5 @@ def preset(name: str) -> ModelSpec:
         return PRESETS[key]
     if key.startswith("d") and key[1:].isdigit():
         return nanochat(int(key[1:]))
-    raise PlanError("preset", f"unknown preset {name!r}",
+    raise PlanError("--preset", f"unknown preset {name!r}",
                     f"choose one of {', '.join(PRESETS)} or dN for nanochat depth N")

@@ -27,23 +27,10 @@ import math
 import random
 from dataclasses import dataclass
 
-# What a relaunch costs besides the checkpoint load (seconds). The budget clock counts all of it: it starts
-# when `nanoplan run` starts (runner/clock.py). The machine's own boot and set-up before that are billed by
-# the provider but not seen by the runner (docs/spot.md).
-START_UP_S = {"gpu": 60.0, "cpu": 5.0}
-START_UP_SOURCE = {
-    "gpu": "assumption: Python and torch imports, the preflight, torchrun and CUDA/NCCL start on a GPU node "
-           "(not measured: no GPU has been lent to this project)",
-    "cpu": "measured: nanoplan run of a 1xCPU tiny plan to its first step, 4.2 s on a 2-core machine "
-           "(9.5 s under load; docs/sources.md §10)",
-}
-RENDEZVOUS_S = 30.0      # assumption: a multi-node launch waits for its slowest node in the c10d rendezvous
-COMPILE_S = {"gpu": 120.0, "cpu": 20.0}
-COMPILE_SOURCE = {
-    "gpu": "assumption: torch.compile of the training step again on every launch (no cache carried over)",
-    "cpu": "measured: the first compiled step of the tiny model on CPU, about 20 s idle, 41 s under load "
-           "(docs/sources.md §10)",
-}
+# What a (re)launch costs besides the checkpoint load: planner/startup.py holds the figures, which every plan's
+# hours count too (one source for on-demand and spot plans).
+from planner.startup import COMPILE_S, COMPILE_SOURCE, RENDEZVOUS_S, START_UP_S, START_UP_SOURCE  # noqa: F401
+
 WARM_STEPS = 2           # runner/schedule.SKIP_INTERVALS: a launch's first steps run cold; counted as lost
 READ_FACTOR = 1.0        # a relaunch reads the checkpoint at the storage bandwidth it was written at
 FINAL_RESERVE = 1.5      # runner/clock.CKPT_SAFETY: the guard keeps 1.5 checkpoint writes and two steps at the end

@@ -136,6 +136,6 @@ def spot_warnings(req: PlanRequest, sp: SpotPlan) -> list[str]:
     cheaper = [p for p in req.profile.prices if p.usd_per_gpu_hour < sp.usd_per_gpu_hour]
     if req.price is None and cheaper:
         best = min(cheaper, key=lambda p: p.usd_per_gpu_hour)
-        out.append(f"spot: {best.provider}'s on-demand price (${best.usd_per_gpu_hour:.2f}/GPU-h) is below this "
-                   f"spot price (${sp.usd_per_gpu_hour:.2f}); without --spot the same budget buys more")
+        out.append(f"spot: {best.provider} on demand (${best.usd_per_gpu_hour:.2f}/GPU-h) costs less than this spot "
+                   f"price (${sp.usd_per_gpu_hour:.2f})")     # one line at 80 columns (issue 28)
     return out

@@ -63,6 +63,14 @@ def spot_lines(plan: Plan, without_spot: Plan | None = None) -> list[str]:
     return [piece for line in lines for piece in fold(line)]
 
 
+def restated(plan: Plan) -> list[str]:
+    """The plan's warnings that spot_lines already says (the assumed MTBI): printed once, in the spot lines."""
+    sp = plan.spot
+    if sp is None or not sp.mtbi_source.startswith("assumption"):
+        return []
+    return [w for w in plan.warnings if w.startswith("spot: the mean time between interruptions")]
+
+
 def fold(line: str, width: int = 80) -> list[str]:
     """A line longer than `width` split after its last '; ' or ', ' that fits, the rest indented."""
     out = []

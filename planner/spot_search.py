@@ -101,8 +101,8 @@ def spot_search_cli(base: dict[str, Any], *, objective: str = "loss", top: int =
 
         from planner.tables import print_table  # noqa: PLC0415
 
-        console.print(f"Spot: ranked on the training that fits in the cap after interruptions "
-                      f"({useful_fraction(plan):.0%} of it)", style="dim", highlight=False)
+        console.print(f"Spot: ranked on the training that fits in {useful_fraction(plan):.0%} of the cap after "
+                      "interruptions", style="dim", highlight=False)
         print_table(console, runners_up_table(result, top, None if wide else console.width))
         if explain:
             console.print(Panel("\n".join(f"• {x}" for x in why(result)), title=f"Why {plan.model.name}",

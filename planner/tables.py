@@ -41,7 +41,7 @@ def natural_width(table: Table) -> int:
     title, caption = table.title, table.caption
     table.title = table.caption = None
     try:
-        console = Console(width=100_000)
+        console = Console(width=100_000, emoji=False)
         return Measurement.get(console, console.options, table).maximum
     finally:
         table.title, table.caption = title, caption
@@ -52,19 +52,22 @@ def fit_table(cols: Sequence[Col], rows: Sequence[Sequence[Any]], width: int | N
     """A rich Table with the columns that fit `width` (all of them when width is None)."""
     styles = list(styles) if styles is not None else [None] * len(rows)
     keep = [i for i, c in enumerate(cols) if c.priority == 0 or width is None]
+    # a column's width is its widest cell; SIMPLE_HEAD without edges puts 2 columns between neighbours
+    w = [max(cell_len(c.name), *(cell_len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
     if width is not None:
-        # a column's width is its widest cell; SIMPLE_HEAD without edges puts 2 columns between neighbours
-        w = [max(cell_len(c.name), *(cell_len(str(r[i])) for r in rows)) for i, c in enumerate(cols)]
         for i in sorted((i for i, c in enumerate(cols) if c.priority > 0), key=lambda i: (cols[i].priority, i)):
             trial = sorted([*keep, i])
             if sum(w[j] for j in trial) + 2 * (len(trial) - 1) <= width:
                 keep = trial
-    return _table(title, [cols[j] for j in keep], [[r[j] for j in keep] for r in rows], styles, caption)
+    t = _table(title, [cols[j] for j in keep], [[r[j] for j in keep] for r in rows], styles, caption)
+    # its natural width (= natural_width(t), checked in tests/test_small_fixes_28.py): print_table need not measure
+    t.nanoplan_width = sum(w[j] for j in keep) + 2 * (len(keep) - 1)  # type: ignore[attr-defined]
+    return t
 
 
 def cell_len(markup: str) -> int:
     """Terminal cells a table cell takes (rich markup removed, wide characters counted)."""
-    return Text.from_markup(markup).cell_len
+    return Text.from_markup(markup, emoji=False).cell_len     # cells hold no ':emoji:' (its table costs 3 ms)
 
 
 def hidden(cols: Sequence[Col], table: Table) -> list[str]:
@@ -81,7 +84,7 @@ def hidden_note(cols: Sequence[Col], table: Table, how: str = "--wide shows all"
 
 def print_table(console: Console, table: Table) -> None:
     """Print without cutting a cell: widen the console for this table when the terminal is narrower."""
-    need = natural_width(table)
+    need = getattr(table, "nanoplan_width", None) or natural_width(table)
     if need <= console.width:
         console.print(table)
         return

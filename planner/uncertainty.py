@@ -66,7 +66,7 @@ class Band:
     hi: float
     finish: float
     runs: int
-    basis: str                # "14 public runs on H100/H200, compiled, single node"
+    basis: str                # "14 public runs on H100/H200, compiled, 1 node"
 
 
 LEVELS = (("trainer", "compiled", "multi_node"), ("trainer", "compiled"), ("trainer",),
@@ -97,7 +97,7 @@ def _words(kind: Kind, keys: tuple[str, ...], n: int) -> str:
     if "compiled" in keys:
         parts.append("compiled" if kind.compiled else "eager")
     if "multi_node" in keys:
-        parts.append("multi-node" if kind.multi_node else "single node")
+        parts.append("multi-node" if kind.multi_node else "1 node")
     return ", ".join(parts)
 
 
@@ -198,10 +198,10 @@ def odds_words(u: UncertaintyPlan | None, limited_by: str, total_tokens: int) ->
         return "no band (a plan written before issue 29)"
     if u.finish_probability is None:
         return u.basis
-    what = {"budget": f"trains all {_count(total_tokens)} tokens within the budget",
-            "hours": f"trains all {_count(total_tokens)} tokens within the hours",
-            }.get(limited_by, "finishes within the planned hours")
-    return f"{u.finish_probability:.0%} likely it {what}; P10–P90 from {u.basis}"
+    what = {"budget": f"train all {_count(total_tokens)} tokens in the budget",
+            "hours": f"train all {_count(total_tokens)} tokens in the hours",
+            }.get(limited_by, "finish in the planned hours")
+    return f"{u.finish_probability:.0%} likely to {what} ({u.runs} similar runs)"
 
 
 def relative_words(u: UncertaintyPlan | None, tokens_per_sec: float) -> str:
@@ -232,7 +232,7 @@ def band_note(hw: Hardware, *, trainer: str | None, compiled: bool, by_steps: bo
     if by_steps:
         return (f"P10–P90: tok/s {band.lo - 1:+.0%}/{band.hi - 1:+.0%}, hours and cost {1 / band.hi - 1:+.0%}/"
                 f"{1 / band.lo - 1:+.0%} ({band.basis})")
-    return f"P10–P90 of tok/s and tokens: {band.lo - 1:+.0%}/{band.hi - 1:+.0%} ({band.basis})"
+    return f"P10–P90 tok/s, tokens {band.lo - 1:+.0%}/{band.hi - 1:+.0%}: {band.basis}"
 
 
 def relative_span(band: Band | None, by_steps: bool) -> str:

@@ -7,8 +7,8 @@ import re
 
 from planner.errors import PlanError
 
-_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
-_NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?)\s*$", re.IGNORECASE)
+_SUFFIX = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+_NUM = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([kmbgt]?|[kmg]i)\s*$", re.IGNORECASE)
 
 GiB = 1024**3
 MiB = 1024**2
@@ -22,14 +22,14 @@ def _refuse_negative(text: str, field: str) -> None:
 
 
 def parse_count(text: str | float | int, field: str = "value") -> int:
-    """'350M' -> 350_000_000; '1.2B' -> 1_200_000_000; '5e9' -> 5_000_000_000."""
+    """'350M' -> 350_000_000; '1.2B' -> 1_200_000_000; '5e9' -> 5_000_000_000; '512Ki' -> 524_288 (binary)."""
     if isinstance(text, (int, float)):
         value = float(text)
     else:
         _refuse_negative(str(text), field)
         m = _NUM.match(str(text).replace("_", "").replace(",", ""))
         if not m:
-            raise PlanError(field, f"cannot read {text!r} as a count", "use e.g. 350M, 1.2B or 5e9")
+            raise PlanError(field, f"cannot read {text!r} as a count", "use e.g. 350M, 1.2B, 5e9 or 512Ki (524,288)")
         value = float(m.group(1)) * _SUFFIX[m.group(2).lower()]
     if not math.isfinite(value) or value <= 0:
         raise PlanError(field, f"must be a positive finite number, got {text!r}")
@@ -42,6 +42,25 @@ def fmt_count(n: float) -> str:
         if abs(n) >= div:
             return f"{n / div:.3g}{suf}"
     return f"{n:.3g}"
+
+
+def fmt_duration(seconds: float) -> str:
+    """A duration as people read it: '0.35 s', '42 s', '3.2 min', '5.1 h', '2.5 d' (never '7.353e-05 h')."""
+    s = abs(seconds)
+    if s < 10:
+        return f"{seconds:.2g} s" if s < 1 else f"{seconds:.1f} s"
+    if s < 90:
+        return f"{seconds:.0f} s"
+    if s < 5400:
+        return f"{seconds / 60:.1f} min"
+    if s < 72 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 GPU', '8 GPUs', '1 accumulation step', '4 accumulation steps'."""
+    return f"{n:,} {word if n == 1 else words or word + 's'}"
 
 
 def fmt_bytes(n: float) -> str:

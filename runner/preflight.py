@@ -13,8 +13,8 @@ from pathlib import Path
 
 from planner.datameta import DataMeta, load_data_meta
 from planner.errors import PlanError
-from planner.plan import Plan
-from planner.units import fmt_bytes
+from planner.plan import Plan, run_dir_problem
+from planner.units import fmt_bytes, plural
 from runner.checkpoint_layout import BEST, CKPT_DIR, complete_steps, list_steps, step_dir
 from runner.checkpoint_meta import RESUME_HINT, read_meta, resume_mismatch
 from runner.ledger import ALIVE, LEDGER
@@ -92,11 +92,7 @@ def check_plan_run_dir(raw: str) -> str | None:
     '..': it lands under the current directory. Any other place must be asked for on the
     command line with --run-dir.
     """
-    p = Path(raw)
-    if not raw.strip() or p.is_absolute() or ".." in p.parts or raw.startswith("~"):
-        return (f"is {raw!r}; a plan file may only name a run dir inside the current directory "
-                "(relative, without '..')")
-    return None
+    return run_dir_problem(raw)     # one rule: estimate refuses to write what run refuses
 
 
 def check_run_dir_contained(run_dir: Path) -> str | None:
@@ -218,7 +214,7 @@ def check_devices(plan: Plan, force_cpu: bool = False) -> tuple[list[str], list[
         fix = (f"CUDA_VISIBLE_DEVICES={hidden_by} hides the others: widen it, or run on the planned machine"
                if n and hidden_by is not None else "run it on the planned machine, or plan for this one "
                f"(nanoplan estimate --gpu {f'{n}x<GPU>' if n else f'{min(os.cpu_count() or 1, per_node)}xCPU'} ...)")
-        problems.append(f"the plan needs {per_node} CUDA GPUs on this node, "
+        problems.append(f"the plan needs {plural(per_node, 'CUDA GPU')} on this node, "
                         f"{n if n else 'and this machine has none'}{' visible' if n else ''}; {fix}")
         return problems, notes
     for i in range(per_node):

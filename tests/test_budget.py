@@ -23,7 +23,9 @@ def test_worked_example_hours_steps_tokens() -> None:
     assert p.budget.usd == pytest.approx(1000)
     assert p.budget.usd_per_hour == 32
     assert p.schedule.tokens_per_step == 524_288
-    assert p.schedule.total_steps == int(31.25 * 3600 / p.throughput.step_seconds)
+    # the launch's start-up (60 s) and compile warm-up (120 s) come out of the 31.25 h
+    assert p.budget.startup_seconds == pytest.approx(60 + 120)
+    assert p.schedule.total_steps == int((31.25 * 3600 - 180) / p.throughput.step_seconds)
     assert p.schedule.total_tokens == p.schedule.total_steps * 524_288
     assert p.schedule.epochs == pytest.approx(p.schedule.total_tokens / 350e6)
     assert p.schedule.checkpoint_every_steps == round(3600 / p.throughput.step_seconds)
@@ -35,7 +37,7 @@ def test_guide_34_epochs() -> None:
     p = build_plan(req(steps=22_888, dataset_tokens=350_000_000))
     assert p.schedule.total_tokens == 22_888 * 524_288
     assert p.schedule.epochs == pytest.approx(34.28, abs=0.01)
-    assert p.budget.hours == pytest.approx(22_888 * p.throughput.step_seconds / 3600)
+    assert p.budget.hours == pytest.approx((60 + 120 + 22_888 * p.throughput.step_seconds) / 3600)
 
 
 def test_hours_sets_cost() -> None:
@@ -74,8 +76,9 @@ def test_pcie_slower_than_sxm_for_big_models() -> None:
 
 
 @pytest.mark.parametrize(("flag", "args", "said"), [
-    ("--hours", ["--hours", "5e-324"], "4.94e-324 h is shorter than one optimizer step"),
-    ("--budget", ["--budget", "0.0001"], "$0.0001 buys 0.0114 s of 8xH100-SXM, which is shorter than one optimizer step"),
+    ("--hours", ["--hours", "5e-324"], "1.8e-320 s leaves no time for one optimizer step"),
+    ("--budget", ["--budget", "0.0001"], "$0.0001 buys 0.011 s of 8xH100-SXM, which leaves no time for one optimizer "
+                                         "step"),
 ])
 def test_a_length_shorter_than_one_step_is_refused_not_rounded_up(flag: str, args: list[str], said: str,
                                                                    tmp_path: Path) -> None:
@@ -85,6 +88,6 @@ def test_a_length_shorter_than_one_step_is_refused_not_rounded_up(flag: str, arg
     lines = err.splitlines()
     assert code == 2 and lines[0].startswith(f"error: {flag}: {said}") and lines[1].startswith("hint: "), err
     assert not (tmp_path / "p.json").exists()
-    with pytest.raises(PlanError, match="shorter than one optimizer step"):
+    with pytest.raises(PlanError, match="leaves no time for one optimizer step"):
         build_plan(req(hours=1e-6))
     assert build_plan(req(hours=1.0)).schedule.total_steps >= 1

@@ -74,7 +74,7 @@ def test_a_model_without_a_length_plans_twenty_tokens_per_param(tmp_path) -> Non
     out = tmp_path / "plan.json"
     r = nanoplan("estimate", "--gpu", "8xH100", "--depth", "20", "--out", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "20 tokens/param (Chinchilla)" in r.stdout
+    assert "20 tokens per parameter (Chinchilla's rule), over all 561M parameters" in " ".join(r.stdout.split())
     plan = load_plan(out)
     steps = -(-20 * 560_988_160 // 524_288)
     assert plan.schedule.total_steps == steps and plan.budget.limited_by == "steps"

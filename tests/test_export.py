@@ -125,7 +125,7 @@ def test_sbatch_header_lines_and_syntax(plan_dir: Path, capsys, tmp_path: Path) 
 
 @pytest.mark.parametrize("hours,margin,expected", [
     (10.0, 0.1, "0-11:00:00"), (10.0, 0.25, "0-12:30:00"), (30.0, 0.1, "1-09:00:00"),
-    (1.0, 0.0, "0-01:00:00"), (0.01, 0.1, "0-00:01:00"),
+    (1.0, 0.0, "0-01:00:00"), (0.1, 0.1, "0-00:07:00"),   # 0.1 h: the shortest 8xH100 plan that trains (start-up)
 ])
 def test_time_limit_is_hours_plus_margin(hours: float, margin: float, expected: str) -> None:
     text = slurm_script(make_plan(hours=hours), "plan.json", time_margin=margin)

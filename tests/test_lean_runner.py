@@ -188,7 +188,10 @@ def test_zero1_is_the_default_on_one_node_where_it_costs_under_the_tolerance() -
 
 
 def test_the_search_prefers_zero1_within_the_tolerance() -> None:
-    res = search([style_spec("nanochat", 12, 2048, 65536)], parse_gpu_spec("8xH100"), Length(hours=1))
+    """zero1 over ddp when it is within SETTINGS_TOL of ddp's step time (it holds less memory); among all four
+    strategies the fastest may be one that shards more (zero2 is 1.3% faster here, beyond the tolerance)."""
+    res = search([style_spec("nanochat", 12, 2048, 65536)], parse_gpu_spec("8xH100"), Length(hours=1),
+                 strategies=("ddp", "zero1"))
     best = res.best
     assert best is not None and best.strategy == "zero1"
     ddp = next(c for c in res.ranked if c.strategy == "ddp" and c.device_batch == best.device_batch

@@ -133,7 +133,8 @@ def test_loss_outside_the_fit_vocabulary_is_labelled_a_ranking_score() -> None:
     assert r.returncode == 0, r.stderr
     head, _ = _loss_cells(r.stdout)
     assert head == "loss*"
-    assert "* Chinchilla fit (vocab 32k–65k): ranks runs, not a loss to expect at vocab 32" in " ".join(r.stdout.split())
+    assert ("* Muennighoff et al. 2023 fit (C4, GPT-2 tokenizer, vocab 50,257): ranks runs, not a loss to expect at "
+            "vocab 32") in " ".join(r.stdout.split())
     d = nanoplan("estimate", "--gpu", "8xH100", "--budget", "1000", "--out", "/dev/null")
     assert _loss_cells(d.stdout)[0] == "loss" and "ranks runs" not in d.stdout
 

@@ -55,8 +55,9 @@ def test_ddp_learns_and_replicas_stay_identical(reference) -> None:
     assert first["world_size"] == 2 and first["device"] == "cpu" and first["compiled"] is False
     assert first["loss"] > 5.0                      # ~ln(256) = 5.55 at init
     assert sum(x["loss"] for x in rows[-5:]) / 5 < first["loss"] - 2.0
-    vals = [x["val_loss"] for x in rows if "val_loss" in x]
+    vals = [x["val_loss"] for x in rows if x["step"] % 10 == 0]            # the scheduled passes, every 10 steps
     assert len(vals) == 4 and vals[-1] < vals[0] - 1.0
+    by_step = {x["step"]: x.get("val_loss") for x in rows}                  # and the one before each checkpoint
     for key in ("lr", "grad_norm", "tokens_per_sec", "mfu", "step_seconds", "elapsed_hours", "usd_spent"):
         assert isinstance(last[key], float) and last[key] >= 0
     assert last["tokens_seen"] == 40 * 1024 and last["max_memory_allocated"] is None
@@ -69,6 +70,7 @@ def test_ddp_learns_and_replicas_stay_identical(reference) -> None:
         assert len(rep["fingerprints"]) == 2
         assert verify(step_dir(run, m["step"])) == (True, "ok")
     assert len({m["replicas"]["fingerprints"][0] for m in ms}) == len(ms)   # they do change with training
+    assert all(by_step[m["step"]] == m["val_loss"] for m in ms)             # metrics.jsonl has every validation
     assert ms[-1]["val_loss"] == vals[-1]
     best = min((m for m in ms if m["val_loss"] is not None), key=lambda m: m["val_loss"])
     assert read_best(run)["step"] == best["step"]

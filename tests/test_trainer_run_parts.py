@@ -27,7 +27,7 @@ cli = nanoplan_cli
 NANOCHAT_CPU = ["--trainer", "nanochat", "--depth", "2", "--gpu", "CPU", "--precision", "fp32", "--seq-len", "64",
                 "--vocab-size", "256", "--device-batch-size", "1", "--total-batch-tokens", "64", "--hours", "0.01"]
 NANOCHAT_GPU = ["--trainer", "nanochat", "--depth", "2", "--gpu", "2xH100", "--seq-len", "64", "--vocab-size", "256",
-                "--device-batch-size", "1", "--total-batch-tokens", "128", "--hours", "0.01"]
+                "--device-batch-size", "1", "--total-batch-tokens", "128", "--hours", "0.1"]   # 3 min of it start-up
 TITAN = ["--trainer", "torchtitan", "--preset", "debugmodel", "--gpu", "2xH100", "--device-batch-size", "1",
          "--total-batch-tokens", "4096", "--hours", "1"]
 DEEPSPEED = ["--trainer", "deepspeed", "--style", "gpt2", "--n-layer", "2", "--d-model", "64", "--n-head", "2",

@@ -33,7 +33,9 @@ from planner.kernels import StepSoftware
 from planner.memory_terms import MemoryEstimate, StepConfig
 from planner.plan import PlanRequest, TrainerRef
 from planner.profiles import HardwareProfile
+from planner.scaling import TOKENS_PER_PARAM
 from planner.spec import ModelSpec
+from planner.units import fmt_count
 
 if TYPE_CHECKING:
     from planner.compute_model import StepVariant
@@ -135,6 +137,24 @@ class Trainer:
         return Counts(n_params=n_params(spec), by_group=param_counts(spec).as_dict(),
                       matmul_params=matmul_params(spec), flops_per_token=flops_per_token(spec))
 
+    def ratio_params(self, spec: ModelSpec, ref: TrainerRef) -> tuple[int, str]:
+        """(parameters, their name) that tokens/param counts: every parameter (Chinchilla's count), unless the
+        trainer has its own (nanochat 2026-07: its "scaling params"). The plan's tokens_per_param, its warnings,
+        the summary and the default length all use this one count."""
+        return self.counts(spec, ref).n_params, "param"
+
+    def default_steps(self, spec: ModelSpec, ref: TrainerRef, tokens_per_step: int) -> tuple[int, str]:
+        """(steps, why) of a run given no length: the trainer's own rule, where it has one; else Chinchilla's
+        20 tokens per parameter."""
+        return chinchilla_steps(self.counts(spec, ref).n_params, tokens_per_step)
+
+
+
+def chinchilla_steps(n_params: int, tokens_per_step: int) -> tuple[int, str]:
+    """(steps, why) for Chinchilla's rule of thumb, 20 tokens per parameter (Hoffmann et al. 2022 count every
+    parameter), rounded up to whole steps."""
+    return (max(1, -(-round(TOKENS_PER_PARAM * n_params) // tokens_per_step)),
+            f"{TOKENS_PER_PARAM:.0f} tokens per parameter (Chinchilla's rule), over all {fmt_count(n_params)} parameters")
 
 
 def with_overheads(allocated: int, peak_phase: str, breakdown: dict[str, int], phases: dict[str, int],
@@ -182,5 +202,5 @@ def refuse_first(problems: list[tuple[str, str, str]], trainer: str, version: st
         raise PlanError(field, f"{trainer} {version} cannot express this: {why}", fix)
 
 
-__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "default_total_batch", "refuse_first",
+__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "chinchilla_steps", "default_total_batch", "refuse_first",
            "strategy_label", "trainer_for", "with_overheads"]

@@ -57,6 +57,7 @@ from planner.plan import PlanRequest, TrainerRef
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
 from planner.trainers import Counts, Trainer, Version, with_overheads
+from planner.units import fmt_count
 
 BF16 = 2
 REPO = "karpathy/nanochat"
@@ -295,6 +296,26 @@ class Nanochat(Trainer):
         attn_flops = sum(12 * spec.n_head * spec.head_dim * w for w in windows)
         return Counts(n_params=n, by_group={**groups, "total": n}, matmul_params=matmul,
                       flops_per_token=6 * matmul + attn_flops)
+
+    def ratio_params(self, spec: ModelSpec, ref: TrainerRef) -> tuple[int, str]:
+        """The parameters nanochat's data:param ratio counts. 2025-10/11: every parameter (`num_params =
+        sum(p.numel() for p in model.parameters())`); 2026-07 (92d63d4): its "scaling params", transformer matrices
+        + lm_head (scripts/base_train.py `get_scaling_params`, lines 263-269: "transformer matrices + lm_head gives
+        cleanest scaling laws"), which leaves out the token and value embeddings (419M of d20's 897M)."""
+        if self.version(ref.version).key != CURRENT:
+            return super().ratio_params(spec, ref)
+        return scaling_params(spec, CURRENT), "scaling param"   # transformer.h (ve gates included) + lm_head
+
+    def default_steps(self, spec: ModelSpec, ref: TrainerRef, tokens_per_step: int) -> tuple[int, str]:
+        """base_train.py's own length when given none: --target-param-data-ratio × the parameters it counts
+        (2025-10/11: 20, 2026-07: 12), then `target_tokens // total_batch_size` steps."""
+        if self.version(ref.version).key != CURRENT:
+            return super().default_steps(spec, ref, tokens_per_step)
+        n, _ = self.ratio_params(spec, ref)
+        return (max(1, int(DATA_RATIO * n) // tokens_per_step),
+                f"nanochat's own default, {DATA_RATIO:g} tokens per scaling param (its transformer matrices + "
+                f"lm_head, {fmt_count(n)} of {fmt_count(self.counts(spec, ref).n_params)} params; base_train.py "
+                f"--target-param-data-ratio {DATA_RATIO:g})")
 
     # ---------------------------------------------------------------- memory
 

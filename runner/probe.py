@@ -312,9 +312,9 @@ def trial_line(rec: dict[str, Any]) -> str:
 
 
 def probed_plan_to_resume(run_dir: str | Path) -> Path | None:
-    """RUN_DIR/plan.probed.json when RUN_DIR's newest checkpoint is of that plan (a resumed or restarted
-    `run --probe`), else None."""
-    from planner.plan import plan_hash  # noqa: PLC0415
+    """RUN_DIR/plan.probed.json when RUN_DIR's newest checkpoint is of that plan, or of it with another
+    checkpoint cadence or keep_last (a resumed or restarted `run --probe`), else None."""
+    from planner.plan import budget_key, plan_hash  # noqa: PLC0415
     from runner.checkpoint_layout import complete_steps, step_dir  # noqa: PLC0415
     from runner.checkpoint_meta import read_meta  # noqa: PLC0415
 
@@ -323,7 +323,8 @@ def probed_plan_to_resume(run_dir: str | Path) -> Path | None:
     done = complete_steps(rdir)
     if out.is_file() and not out.is_symlink() and done:
         meta = read_meta(step_dir(rdir, done[-1])) or {}
-        if meta.get("plan_hash") == plan_hash(load_plan(out)):
+        probed = load_plan(out)
+        if meta.get("plan_hash") == plan_hash(probed) or meta.get("train_hash") == budget_key(probed):
             return out
     return None
 

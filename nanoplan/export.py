@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from nanoplan.cli import app
-from nanoplan.common import examples, writable_target
+from nanoplan.common import examples
 from planner.errors import PlanError
-from planner.plan import atomic_write_text, load_plan
+from planner.plan import load_plan
+from planner.writes import write_output
 
 Opt = typer.Option
 
@@ -71,8 +72,7 @@ def export(
     else:
         text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd, spot=spot)
     if out:
-        if writable_target(out):
-            atomic_write_text(out, text)
-            typer.echo(f"wrote {out}", err=True)
+        write_output(out, text)
+        typer.echo(f"wrote {out}", err=True)
     else:
         typer.echo(text, nl=False)

@@ -36,7 +36,7 @@ import yaml
 from planner.build import build_plan, hardware_of, step_config
 from planner.errors import PlanError, echo
 from planner.plan import Plan, atomic_write_text, doc_sha, load_plan, plan_hash, trained_fields
-from planner.profiles import HardwareProfile, MfuPoint, Overheads, load_profile_file
+from planner.profiles import HardwareProfile, MfuPoint, Overheads
 from planner.throughput import (
     LINK_EFFICIENCY,
     MFU_OVER_PEAK_NOTE,
@@ -494,7 +494,18 @@ def profile_yaml(profile: HardwareProfile, header: str = "") -> str:
     return head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
 
 
-def write_profile(profile: HardwareProfile, path: str | Path, header: str = "") -> HardwareProfile:
-    """Atomically write the profile YAML, then load it back through the normal loader."""
-    atomic_write_text(path, profile_yaml(profile, header))
-    return load_profile_file(path)
+def write_profile(profile: HardwareProfile, path: str | Path, header: str = "",
+                  option: str | None = None) -> HardwareProfile:
+    """Atomically write the profile YAML, then read the text back through the normal loader. `option` (the user's
+    --out): through the one write path (planner/writes.py: exit 4 on a failed write); without it an OSError
+    propagates (the probe reports its own files)."""
+    from planner.profiles import _load_yaml_profile  # noqa: PLC0415
+
+    text = profile_yaml(profile, header)
+    if option is None:
+        atomic_write_text(path, text)
+    else:
+        from planner.writes import write_output  # noqa: PLC0415
+
+        write_output(path, text, option)
+    return _load_yaml_profile(text, str(path))

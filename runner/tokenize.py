@@ -271,7 +271,9 @@ class BpeTokenizer:
         return cls(Tokenizer.from_file(str(path)))
 
     def save(self, path: str | Path) -> None:
-        self.tok.save(str(path))
+        """tokenizer.json (what `tokenizers` writes), through Python's file API: a failed write is an OSError."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.tok.to_str(pretty=True))
 
     def encode(self, text: str) -> np.ndarray:
         if not text:

@@ -189,7 +189,8 @@ def estimate(
         optimizer=optimizer or "adamw", strategy=strategy or "ddp", activation_checkpointing=bool(ac),
         loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compiled is None else compiled,
         budget_usd=budget_usd, hours=hours_h, steps=n_steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
-        data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes or 60.0, keep_last=keep_last,
+        data_dir=data, checkpoint_every_minutes=60.0 if checkpoint_every_minutes is None else checkpoint_every_minutes,
+        keep_last=keep_last,
         headroom=headroom, mfu=mfu, run_dir=run_dir, spot=_spot_request(spot, mtbi, checkpoint_every_minutes),
     )
     write_to = out if (out or json_out) else "plan.json"

@@ -245,8 +245,8 @@ def run_preflight(plan: Plan, plan_path: str | Path, run_dir: Path, data_overrid
     pf.notes += notes
     pf.problems += check_run_dir(run_dir, peak_checkpoint_bytes(plan), plan.schedule.checkpoint_bytes)
     escape = check_run_dir_contained(run_dir)
-    if escape:
-        pf.problems.append(escape)
+    if escape:        # never a problem --force may pass: nanoplan run refuses it after the lock whatever --force says
+        raise PlanError("preflight", escape, "remove the link, or pass the real directory as --run-dir")
     try:
         check_data(plan, resolve_data_dir(plan, data_override, plan_path))
     except PlanError as e:

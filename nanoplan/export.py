@@ -40,7 +40,7 @@ def export(
                                              "or a requeued SLURM job, resuming from the newest checkpoint")] = False,
 ) -> None:
     """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
-    from planner.export import check_exportable, skypilot_task, slurm_script  # noqa: PLC0415
+    from planner.export import check_exportable, data_problem, skypilot_task, slurm_script  # noqa: PLC0415
 
     if for_trainer is not None:
         from nanoplan.export_trainer import export_for  # noqa: PLC0415
@@ -71,6 +71,8 @@ def export(
                             account=account, command=cmd, spot=spot)
     else:
         text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd, spot=spot)
+    if not spot and (why := data_problem(plan)):    # a --spot job without data is refused (planner/export.py)
+        typer.echo(f"warning: {plan_path}: {why}; plan with --data DATA_DIR (nanoplan prepare-data)", err=True)
     if out:
         write_output(out, text)
         typer.echo(f"wrote {out}", err=True)

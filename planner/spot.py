@@ -130,9 +130,8 @@ def trial(rng: random.Random, work_s: float, tau_s: float, c: Costs, stop_s: flo
     while True:
         # ---- the launch's start-up (interrupted: another launch)
         while True:
-            if t + start > stop_s:        # no time left for a step after the start-up (a cap shorter than the
-                # final checkpoint's reserve pays nothing more: the launch finds nothing to do, runner/ledger.py)
-                return Trial(max(0.0, min(t + start, stop_s + c.write_s)), saved, False, n, lost)
+            if t + start > stop_s:        # no time left for a step after the start-up
+                return Trial(min(t + start, stop_s + c.write_s), saved, False, n, lost)
             if fail < t + start:
                 n, t = n + 1, fail
                 fail = t + rng.expovariate(1.0 / c.mtbi_s)

@@ -292,11 +292,10 @@ class LaunchWriteError(Exception):
 
 
 def io_problem(path: Path | str, e: OSError) -> str:
-    """'PATH could not be written: No space left on device [errno ENOSPC]'."""
-    import errno as _errno
+    """'PATH could not be written: No space left on device [errno ENOSPC]' (planner.writes.write_problem)."""
+    from planner.writes import write_problem
 
-    why = f"{os.strerror(e.errno)} [errno {_errno.errorcode.get(e.errno, e.errno)}]" if e.errno else str(e)[:200]
-    return f"{path} could not be written: {why}"
+    return write_problem(path, e)
 
 
 class Launch:

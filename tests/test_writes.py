@@ -67,7 +67,7 @@ def on_full_disk(args: list[str], full: Path, how: str = "tmpfs") -> tuple[subpr
 
 
 def assert_one_write_error(r: subprocess.CompletedProcess, path: Path, left: list[str]) -> None:
-    lines = r.stderr.strip().splitlines()
+    lines = [x for x in r.stderr.strip().splitlines() if not x.startswith("warning: ")]   # export: no data
     assert r.returncode == 4, r.stderr[-3000:]
     assert "Traceback" not in r.stderr and len(lines) == 1, r.stderr[-3000:]
     assert lines[0].startswith(f"error: {path} could not be written: "), lines
@@ -178,7 +178,7 @@ def test_export_model_killed_leaves_a_temporary_the_next_export_removes(tmp_path
     run = tmp_path / "run"
     step = run / "checkpoints" / "step_00000001"
     step.mkdir(parents=True)
-    torch.save({"w": torch.zeros(48 * 2**20)}, step / "model.pt")          # 192 MiB: the write takes a while
+    torch.save({"w": torch.zeros(24 * 2**20)}, step / "model.pt")          # 96 MiB: the write takes a while
     write_meta(step, {"format_version": 2, "step": 1, "world_size": 1,
                       "files": {"model.pt": {"sha256": sha256_file(step / "model.pt"),
                                              "bytes": (step / "model.pt").stat().st_size}}})

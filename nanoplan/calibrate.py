@@ -90,6 +90,10 @@ def calibrate(
 
     if skip_steps < 0:
         raise PlanError("--skip-steps", f"must be >= 0, got {skip_steps}")
+    if out:
+        from planner.writes import check_target  # noqa: PLC0415
+
+        check_target(out)           # a directory or a missing chain of folders: before any run is read
     ms = [measure_run(d, skip_steps) for d in run_dirs]
     base = _base_profile(profile, run_dirs)
     today = _dt.date.today().isoformat()
@@ -97,7 +101,7 @@ def calibrate(
     header = (f"Calibrated by nanoplan calibrate on {today} from {len(ms)} run(s): "
               f"{', '.join(m.run_dir for m in ms)}\nBase profile: {base.name}. Use: nanoplan estimate --profile THIS.yaml ...")
     if out:
-        prof = write_profile(prof, out, header)
+        prof = write_profile(prof, out, header, option="--out")
     after = [repredict(m, prof) for m in ms]
     if json_out:
         runs = [{**m.to_json(), "calibrated_tokens_per_sec": a.throughput.tokens_per_sec,

@@ -25,7 +25,7 @@ except ImportError:  # pragma: no cover - older typer uses click itself
     from click import exceptions as cx  # type: ignore[no-redef]
 
 from planner import __version__
-from planner.errors import PlanError, cli_one_line, error_lines
+from planner.errors import PlanError, WriteFailed, cli_one_line, error_lines
 
 # nanoplan uses no pydantic plugins, and looking for them reads every installed distribution's metadata when
 # the first model class is built (the commands' modules build them, after this line): 6 ms warm, 33 ms from
@@ -184,6 +184,9 @@ def main() -> None:
     except ValidationError as e:
         _echo(error_lines(cli_one_line(e)))
         code = 2
+    except WriteFailed as e:          # a file the command writes (planner/writes.py): one line, exit 4
+        _echo(error_lines(str(e)))
+        code = e.exit_code
     except cx.NoArgsIsHelpError as e:
         typer.echo(e.ctx.get_help())
         code = 0

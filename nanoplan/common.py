@@ -133,22 +133,11 @@ def price_of(price: str | None, price_per_node: str | None) -> tuple[float | Non
 
 
 def writable_target(path: str, option: str = "--out") -> bool:
-    """Whether to write a file at `path`: False for a character device such as /dev/null (the output is
-    discarded; an atomic temp-file-and-rename would replace the device), an error for a directory."""
-    import os  # noqa: PLC0415
-    import stat  # noqa: PLC0415
+    """Check a file target before anything is computed (planner.writes.check_target: a directory or a missing
+    chain of folders is a PlanError); True. A device such as /dev/null is written to directly (it discards)."""
+    from planner.writes import check_target  # noqa: PLC0415
 
-    from planner.errors import PlanError  # noqa: PLC0415
-
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return True
-    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
-        return False
-    if stat.S_ISDIR(mode):
-        raise PlanError(option, f"{path} is a directory", f"give a file name, e.g. {option} {path.rstrip('/')}/plan.json")
-    return True
+    return check_target(path, option)
 
 
 def output_width(stream: object) -> int | None:

@@ -28,10 +28,11 @@ from nanoplan.common import (
 from planner.counts import n_params
 from planner.errors import PlanError
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS
-from planner.plan import Plan, save_plan
+from planner.plan import Plan
 from planner.report import EXPLAIN_HINT, print_plan, print_summary, verdict, wrap_fields
 from planner.spec import ModelSpec
 from planner.units import parse_count, parse_hours, parse_money
+from planner.writes import write_output
 
 Opt = typer.Option
 LENGTH, MODEL, BATCH, HARDWARE, SEARCH, OUTPUT = ("Length and data", "Model", "Batch and memory",
@@ -212,15 +213,16 @@ def estimate(
         optimizer=optimizer or "adamw", strategy=strategy or "ddp", activation_checkpointing=bool(ac),
         loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compiled is None else compiled,
         budget_usd=budget_usd, hours=hours_h, steps=n_steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
-        data_dir=data, checkpoint_every_minutes=checkpoint_every_minutes or 60.0, keep_last=keep_last,
+        data_dir=data, checkpoint_every_minutes=60.0 if checkpoint_every_minutes is None else checkpoint_every_minutes,
+        keep_last=keep_last,
         headroom=headroom, mfu=mfu, run_dir=run_dir, spot=_spot_request(spot, mtbi, checkpoint_every_minutes),
         fp8=fp8,
         tp=tp,
     )
     write_to = out if (out or json_out) else "plan.json"
     plan_path = write_to or "plan.json"
-    if write_to and not writable_target(write_to):   # /dev/null and the like: show the plan, write nothing
-        write_to = None
+    if write_to:
+        writable_target(write_to)     # a directory or a missing chain of folders: one line, before any planning
     console = Console(emoji=False)     # no ':name:' emoji in plans; rich's emoji table costs 3 ms to load
     if n_layer is not None and style is None and trainer == "nanoplan" and not json_out:
         console.print(f"! no --style: nanochat family assumed (vocab {spec.vocab_size:,}); add --style gpt2 or llama",
@@ -353,7 +355,7 @@ def _emit(plan: Plan, out: str | None, json_out: bool, console: Console, explain
     else:
         print_summary(plan, console)
     if out:
-        save_plan(plan, out)
+        write_output(out, plan.model_dump_json(indent=2) + "\n")   # one write path: exit 4 on a failed write
     if plan.spot is not None and not json_out:
         from planner.build import build_plan  # noqa: PLC0415
         from planner.spot_report import spot_lines  # noqa: PLC0415

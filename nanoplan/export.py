@@ -8,9 +8,10 @@ from typing import Annotated, Optional
 import typer
 
 from nanoplan.cli import app
-from nanoplan.common import examples, writable_target
+from nanoplan.common import examples
 from planner.errors import PlanError
-from planner.plan import atomic_write_text, load_plan
+from planner.plan import load_plan
+from planner.writes import write_output
 
 Opt = typer.Option
 
@@ -39,7 +40,7 @@ def export(
                                              "or a requeued SLURM job, resuming from the newest checkpoint")] = False,
 ) -> None:
     """Launch files for real clusters, running the same torchrun command as `nanoplan run`."""
-    from planner.export import check_exportable, skypilot_task, slurm_script  # noqa: PLC0415
+    from planner.export import check_exportable, data_problem, skypilot_task, slurm_script  # noqa: PLC0415
 
     if for_trainer is not None:
         from nanoplan.export_trainer import export_for  # noqa: PLC0415
@@ -70,9 +71,10 @@ def export(
                             account=account, command=cmd, spot=spot)
     else:
         text = skypilot_task(plan, plan_path, bucket=bucket, command=cmd, spot=spot)
+    if not spot and (why := data_problem(plan)):    # a --spot job without data is refused (planner/export.py)
+        typer.echo(f"warning: {plan_path}: {why}; plan with --data DATA_DIR (nanoplan prepare-data)", err=True)
     if out:
-        if writable_target(out):
-            atomic_write_text(out, text)
-            typer.echo(f"wrote {out}", err=True)
+        write_output(out, text)
+        typer.echo(f"wrote {out}", err=True)
     else:
         typer.echo(text, nl=False)

@@ -80,18 +80,35 @@ def export_model(
     out: Annotated[Optional[str], Opt(metavar="FILE", help="Model file to write (default: RUN_DIR/model_step_N.pt)")] = None,
 ) -> None:
     """One model file (a state dict) from a checkpoint, sharded (DCP) or not, for inference."""
+    from planner.writes import check_target, is_device  # noqa: PLC0415
     from runner.checkpoint_meta import read_meta  # noqa: PLC0415
 
+    if out is not None:
+        check_target(out)          # a directory or a missing chain of folders: one line, before any reading
+        if is_device(out):
+            raise PlanError("--out", f"{out} is a device; export-model writes a file and renames it into place",
+                            "give a file path")
     rdir = Path(run_dir)
     path = _pick_step(rdir, step)
     meta = read_meta(path) or {}
     s = int(meta.get("step", int(path.name[5:])))
     dest = Path(out) if out else rdir / f"model_step_{s:08d}.pt"
+    if not dest.parent.is_dir():
+        try:
+            dest.parent.mkdir()     # at most the last folder (check_target refused a missing chain)
+        except OSError as e:
+            from planner.writes import failed  # noqa: PLC0415
 
-    from runner.dcp import export_model_file, has_shards  # noqa: PLC0415
+            raise failed(dest.parent, e) from None
+
+    from runner.dcp import has_shards  # noqa: PLC0415
+    from runner.model_file import export_model_file  # noqa: PLC0415
 
     kind = "DCP shards consolidated" if has_shards(path) else "model.pt copied"
-    sd = export_model_file(path, dest)
+    sd, removed = export_model_file(path, dest)
+    if removed[0]:
+        typer.echo(f"note: removed {removed[0]} temporary file(s) ({removed[1]:,} bytes) left in {dest.parent} by an "
+                   "export-model that was killed", err=True)
     n = sum(v.numel() for v in sd.values())
     dtypes = sorted({str(v.dtype).removeprefix("torch.") for v in sd.values()})
     typer.echo(f"wrote {dest}: {len(sd)} tensors, {n:,} parameters ({'/'.join(dtypes)}), step {s}, {kind}")

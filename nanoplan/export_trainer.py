@@ -16,7 +16,8 @@ import typer
 
 from nanoplan.common import writable_target
 from planner.errors import PlanError
-from planner.plan import atomic_write_text, load_plan
+from planner.plan import load_plan
+from planner.writes import write_output
 
 FOR = ("nanochat", "torchtitan", "deepspeed")
 
@@ -50,7 +51,7 @@ def export_for(plan_path: str, trainer: str, out: str | None) -> None:
     for name, text in files.items():
         path = target / name
         if writable_target(str(path)):
-            atomic_write_text(path, text)
+            write_output(path, text)
             if name.endswith(".sh"):
                 path.chmod(0o755)
             typer.echo(f"wrote {path}", err=True)

@@ -1,10 +1,8 @@
-"""matplotlib for the charts: imported only when one is drawn (headless), and a figure saved as a PNG, written to
-a temp file beside the target and renamed, so a chart is never left half-written."""
+"""matplotlib for the charts: imported only when one is drawn (headless), and a figure saved as a PNG through the
+one write path (planner/writes.py): a temp file beside the target, renamed, so a chart is never left half-written."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -51,22 +49,25 @@ def read_fingerprint(path: str | Path) -> str | None:
 
 
 def save_png(fig: Any, path: str | Path, data: Any = None) -> Path:
-    """Write `fig` to `path` (parents made), with the permissions of a normal file, and close it. With `data`
-    (what the chart draws), its fingerprint goes into the PNG as a text chunk, so a check can tell a stale chart."""
+    """Write `fig` to `path` through the one write path (planner/writes.py: a directory or a missing chain of
+    folders is one line, exit 2; a failed write one line, exit 4), with a normal file's permissions; close it.
+    With `data` (what the chart draws), its fingerprint goes into the PNG as a text chunk, so a check can tell a
+    stale chart."""
+    from planner.writes import atomic_output, check_target, failed, is_device  # noqa: PLC0415
+
     plt = pyplot()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", metadata={CHART_KEY: fingerprint(data)} if data is not None else None)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)     # mkstemp makes 0600; a chart gets normal file permissions
-        os.replace(tmp, p)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        meta = {CHART_KEY: fingerprint(data)} if data is not None else None
+        check_target(path, "--plot")
+        if is_device(path):
+            try:
+                with open(path, "wb") as f:
+                    fig.savefig(f, format="png", metadata=meta)
+            except OSError as e:
+                raise failed(path, e, "--plot") from None
+        else:
+            with atomic_output(path, "--plot") as tmp:
+                fig.savefig(tmp, format="png", metadata=meta)
     finally:
         plt.close(fig)
-    return p
+    return Path(path)

@@ -145,15 +145,17 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         return
     from pathlib import Path  # noqa: PLC0415
 
-    from planner.plan import plan_hash  # noqa: PLC0415
+    from planner.plan import budget_key, plan_hash  # noqa: PLC0415
     from runner.ledger import spent_before_s  # noqa: PLC0415
     from runner.preflight import check_run_dir_contained  # noqa: PLC0415
 
     rpath, source = Path(rdir), plan_hash(plan)
     launch = Launch(rpath, node_rank=node_rank, plan_hash=source, launch_id=uuid.uuid4().hex, t0=t0,
-                    scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0)   # one id, the same in every torchrun restart
+                    scale=_env_float(ENV_TIME_SCALE, 1.0) or 1.0,   # one id, the same in every torchrun restart
+                    budget_key=budget_key(plan))                  # a changed cadence is the same run (issue 30 #2)
     if not probe:
-        quick = rpath.is_dir() and not check_run_dir_contained(rpath) and spent_before_s(rpath, source, metrics=False)
+        quick = rpath.is_dir() and not check_run_dir_contained(rpath) and spent_before_s(
+            rpath, source, metrics=False, key=launch.budget_key)
         if quick and _done(rpath, plan, quick, launch):
             return                 # a spent run: one line, before the preflight (read-only, no lock, no link)
         _preflight(plan, plan_path, rpath, data, resume, force)
@@ -170,7 +172,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
             resumable = probed_plan_to_resume(rpath)
             if resumable is not None:
                 plan_path, plan, also = str(resumable), load_plan(resumable), (source,)
-                launch.plan_hash = plan_hash(plan)
+                launch.plan_hash, launch.budget_key = plan_hash(plan), budget_key(plan)
         carried = launch.carried_s(also)
         if _done(rpath, plan, carried, launch, also):
             return
@@ -221,7 +223,7 @@ def _done(rpath: Path, plan: Plan, carried: float, launch: Launch, also: tuple[s
 def _probe(plan_path: str, plan: Plan, rdir: str, data: str | None, force: bool, launch: Launch,
            resumable: Path | None) -> tuple[str, Plan]:
     """`--probe`: the probed plan to run (a new probe unless RUN_DIR holds checkpoints of one); exit 4 on a failed write."""
-    from planner.plan import load_plan, plan_hash  # noqa: PLC0415
+    from planner.plan import budget_key, load_plan, plan_hash  # noqa: PLC0415
 
     if resumable is not None:
         typer.echo(f"probe: {rdir} holds checkpoints of {resumable}; resuming it without a new probe")
@@ -237,7 +239,7 @@ def _probe(plan_path: str, plan: Plan, rdir: str, data: str | None, force: bool,
     if res is not None:
         print_probe(res)
     new = load_plan(probed)
-    launch.ran_plan(plan_hash(new))
+    launch.ran_plan(plan_hash(new), budget_key(new))
     return str(probed), new
 
 

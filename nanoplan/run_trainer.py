@@ -26,7 +26,7 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
                 dry_run: bool, resume: bool, force: bool, nnodes: int | None, node_rank: int, rdzv_endpoint: str | None,
                 probe: bool, max_restarts: int,
                 tensorboard: bool, t0: float, stops: StopRequests | None) -> None:
-    from planner.plan import plan_hash  # noqa: PLC0415
+    from planner.plan import budget_key, plan_hash  # noqa: PLC0415
     from runner.launcher import Launch, LaunchWriteError  # noqa: PLC0415
     from runner.trainers import adapter_for  # noqa: PLC0415
     from runner.trainers.records import link_in  # noqa: PLC0415
@@ -66,7 +66,8 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
     rpath = Path(run_dir or plan.launch.run_dir)
     tdir = adapter.trainer_dir(trainer_dir)
     phash = plan_hash(plan)
-    launch = Launch(rpath, node_rank=0, plan_hash=phash, launch_id=uuid.uuid4().hex, t0=t0, scale=1.0)
+    launch = Launch(rpath, node_rank=0, plan_hash=phash, launch_id=uuid.uuid4().hex, t0=t0, scale=1.0,
+                    budget_key=budget_key(plan))       # a changed checkpoint cadence is the same run (issue 30 #2)
 
     def supervisor(carried: float) -> Supervisor:
         return Supervisor(plan, plan_path, rpath, adapter, tdir, launch_id=launch.id, t0=t0, carried_s=carried,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from planner import __version__
+from planner.cadence import cadence_warning, check_cadence
 from planner.counts import flops_per_token, matmul_params, matrix_params, n_params, param_counts
 from planner.errors import PlanError
 from planner.fit_verdict import RUNNER_ALLOCATOR, Allocator, FitVerdict, verdict_for
@@ -260,6 +261,9 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     epochs = tokens / req.dataset_tokens if req.dataset_tokens else None
     ckpt_steps = max(1, round(ckpt_minutes * 60 / tp.step_seconds))
     n_ckpt = max(1, math.ceil(steps / ckpt_steps))
+    bps = req.profile.storage_bytes_per_s()[0]
+    check_cadence(ckpt_minutes, ckpt_bytes, bps, "--checkpoint-every-minutes")     # planner/cadence.py
+    cad_warn = cadence_warning(n_ckpt, ckpt_bytes, bps, steps * tp.step_seconds, ckpt_steps, ckpt_minutes)
     storage = checkpoint_disk_bytes(n_ckpt, req.keep_last, ckpt_bytes)
 
     sched = SchedulePlan(
@@ -305,7 +309,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
                           _trainer_argv(req.model_copy(update={"device_batch_size": b}), hw.nodes, hw.gpus_per_node,
                                         steps, ckpt_steps)),
         spot=spot,
-        warnings=_warnings(req, hw, mem, fit, sched, N, limited, per) + (_spot_warnings(req, spot) if spot else []),
+        warnings=_warnings(req, hw, mem, fit, sched, N, limited, per) + (_spot_warnings(req, spot) if spot else [])
+        + ([cad_warn] if cad_warn else []),
         uncertainty=plan_uncertainty(  # P10–P90 from the model's held-out errors on similar public runs
             gpu_profile=hw.profile.name, kind_gpu=hw.profile.kind == "gpu", trainer=req.trainer.name,
             compiled=req.compile, nodes=hw.nodes, tokens_per_sec=tp.tokens_per_sec,

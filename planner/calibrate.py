@@ -26,7 +26,7 @@ import json
 import math
 import re
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -34,9 +34,9 @@ from typing import Any
 import yaml
 
 from planner.build import build_plan, hardware_of, step_config
-from planner.errors import PlanError, echo
+from planner.errors import PlanError, echo, strict_json_loads
 from planner.plan import Plan, atomic_write_text, doc_sha, load_plan, plan_hash, trained_fields
-from planner.profiles import HardwareProfile, MfuPoint, Overheads, load_profile_file
+from planner.profiles import HardwareProfile, MfuPoint, Overheads
 from planner.throughput import (
     LINK_EFFICIENCY,
     MFU_OVER_PEAK_NOTE,
@@ -134,39 +134,76 @@ def _check_row(row: Any, where: str) -> dict[str, Any]:
     return row
 
 
-def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """(rows, notes) of a metrics.jsonl.
+MAX_LINE_BYTES = 1 << 20     # a metrics line is ~300 bytes; a longer "line" is a sparse or NUL-filled region
+READ_CHUNK = 1 << 20
 
-    Two kinds of unparsable line are expected and skipped with a note: the unterminated last line
-    of a run still writing, and a torn line left by a killed launch (the next launch starts a new
-    line with a higher `segment`). Any other malformed line is an error.
+
+def _lines(f: Any) -> Iterator[tuple[int, bytes | None]]:
+    """(number, bytes) of each newline-terminated line of a binary file, read MAX_LINE_BYTES at a time: a
+    longer line is (number, None) and never held whole (a 2 GB sparse file took 4.2 GB of RAM). The last,
+    unterminated line (a run still writing it) is left out."""
+    buf, n, over = b"", 0, False
+    while chunk := f.read(READ_CHUNK):
+        parts = (buf + chunk).split(b"\n")
+        buf = parts.pop()
+        for part in parts:
+            n += 1
+            yield n, None if over else part
+            over = False
+        if len(buf) > MAX_LINE_BYTES:
+            buf, over = b"", True
+
+
+def read_metrics(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """(rows, notes) of a metrics.jsonl, read a chunk at a time.
+
+    Skipped with a note: the unterminated last line of a run still writing, a torn line left by a killed
+    launch (the next launch starts a new line with a higher `segment`), a line that is not UTF-8 text
+    (as `nanoplan run` skips it), and a "line" longer than MAX_LINE_BYTES or of NUL bytes only (a sparse
+    or crash-filled region). Any other malformed line is an error.
     """
     try:
-        text = path.read_text(encoding="utf-8")
+        f = open(path, "rb")  # noqa: SIM115 - closed below
     except FileNotFoundError:
         raise PlanError(str(path), "does not exist",
                         "give a run directory written by nanoplan run (it holds metrics.jsonl)") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlanError(str(path), f"cannot read: {getattr(e, 'strerror', None) or e}", "give a readable metrics.jsonl") from None
-    lines = text.split("\n")
-    lines.pop()   # "" when the file ends with a newline, else a line still being written
-    parsed: list[tuple[int, dict[str, Any] | None, str]] = []
-    for i, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    except OSError as e:
+        raise PlanError(str(path), f"cannot read: {e.strerror or e}", "give a readable metrics.jsonl") from None
+    parsed: list[tuple[int, dict[str, Any] | None, str, bool]] = []
+    skipped: dict[str, list[int]] = {}
+    with f:
         try:
-            parsed.append((i, _check_row(json.loads(line), f"{path}:{i}"), ""))
-        except json.JSONDecodeError as e:
-            parsed.append((i, None, e.msg))
+            for i, raw in _lines(f):
+                why = ("are longer than a metrics line" if raw is None else "hold NUL bytes only"
+                       if raw.strip(b"\0 \t\r") == b"" and raw.count(b"\0") else None)
+                if why is None and raw is not None and raw.strip():
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        why = "are not UTF-8 text"
+                    else:
+                        try:
+                            data = strict_json_loads(line)
+                        except json.JSONDecodeError as e:
+                            parsed.append((i, None, e.msg, line.lstrip().startswith("{")))
+                        except (ValueError, RecursionError) as e:   # a 5,000-digit number, nesting past the stack
+                            parsed.append((i, None, str(e).split(";")[0][:80], False))
+                        else:
+                            parsed.append((i, _check_row(data, f"{path}:{i}"), "", False))
+                if why is not None:
+                    skipped.setdefault(why, []).append(i)
+        except OSError as e:
+            raise PlanError(str(path), f"cannot read: {e.strerror or e}", "give a readable metrics.jsonl") from None
     rows: list[dict[str, Any]] = []
-    notes: list[str] = []
-    for k, (i, row, msg) in enumerate(parsed):
+    notes = [f"{path}: skipped {len(ns):,} line(s) that {why} (line {', '.join(f'{n:,}' for n in ns[:3])}"
+             f"{', ...' if len(ns) > 3 else ''})" for why, ns in skipped.items()]
+    for k, (i, row, msg, obj) in enumerate(parsed):
         if row is not None:
             rows.append(row)
             continue
-        nxt = next((r for _, r, _ in parsed[k + 1:] if r is not None), None)
+        nxt = next((r for _, r, _, _ in parsed[k + 1:] if r is not None), None)
         before = rows[-1].get("segment", 0) if rows else -1
-        if lines[i - 1].lstrip().startswith("{") and (nxt is None or nxt.get("segment", 0) > before):
+        if obj and (nxt is None or nxt.get("segment", 0) > before):
             notes.append(f"{path}:{i}: skipped a torn line left by a killed launch")
             continue
         raise PlanError(f"{path}:{i}", f"is not valid JSON ({msg})",
@@ -218,9 +255,11 @@ def read_run_info(run_dir: Path) -> dict[str, Any]:
     if not p.exists():
         return {}
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = strict_json_loads(p.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PlanError(str(p), f"is not valid JSON ({getattr(e, 'msg', e)})", "restore it or delete it") from None
+    except (ValueError, RecursionError) as e:   # a duplicate key, a 5,000-digit number, nesting past the stack
+        raise PlanError(str(p), f"is not valid JSON ({str(e).split(';')[0][:120]})", "restore it or delete it") from None
     if not isinstance(data, dict):
         raise PlanError(str(p), "must hold a JSON object", "restore it or delete it")
     return data
@@ -494,7 +533,18 @@ def profile_yaml(profile: HardwareProfile, header: str = "") -> str:
     return head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True, width=120)
 
 
-def write_profile(profile: HardwareProfile, path: str | Path, header: str = "") -> HardwareProfile:
-    """Atomically write the profile YAML, then load it back through the normal loader."""
-    atomic_write_text(path, profile_yaml(profile, header))
-    return load_profile_file(path)
+def write_profile(profile: HardwareProfile, path: str | Path, header: str = "",
+                  option: str | None = None) -> HardwareProfile:
+    """Atomically write the profile YAML, then read the text back through the normal loader. `option` (the user's
+    --out): through the one write path (planner/writes.py: exit 4 on a failed write); without it an OSError
+    propagates (the probe reports its own files)."""
+    from planner.profiles import _load_yaml_profile  # noqa: PLC0415
+
+    text = profile_yaml(profile, header)
+    if option is None:
+        atomic_write_text(path, text)
+    else:
+        from planner.writes import write_output  # noqa: PLC0415
+
+        write_output(path, text, option)
+    return _load_yaml_profile(text, str(path))

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from planner.errors import PlanError, pydantic_one_line
+from planner.errors import PlanError, pydantic_one_line, strict_json_loads
 
 TokenDtype = Literal["uint16", "uint32"]
 UINT16_VOCAB_MAX = 65536  # token ids 0..65535 fit in uint16
@@ -58,11 +58,14 @@ class DataMeta(BaseModel):
 def load_data_meta(data_dir: str | Path) -> DataMeta:
     p = Path(data_dir) / "meta.json"
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
+        data = strict_json_loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise PlanError("--data", f"{p} does not exist", "run nanoplan prepare-data first") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise PlanError("--data", f"cannot read {p}: {e}", "re-run nanoplan prepare-data") from None
+    except (ValueError, RecursionError) as e:   # a duplicate key, a 5,000-digit number, nesting past the stack
+        raise PlanError("--data", f"cannot read {p}: {str(e).split(';')[0][:120]}", "re-run nanoplan prepare-data") \
+            from None
     try:
         return DataMeta.model_validate(data)
     except ValidationError as e:

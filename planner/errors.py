@@ -35,6 +35,13 @@ class PlanError(ValueError):
         return error_lines(f"{self.field}: {self.problem}" if self.field else self.problem, self.fix)
 
 
+class WriteFailed(Exception):
+    """A file a command writes could not be written (disk full, I/O error, permission): str() is the one line,
+    exit 4 (planner/writes.py)."""
+
+    exit_code = 4
+
+
 def error_lines(message: str, hint: str = "") -> list[str]:
     """The CLI's error shape: one `error:` line, then a `hint:` line where there is a fix."""
     first = clip(" ".join(message.split("\n")), MAX_LINE)

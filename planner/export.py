@@ -2,7 +2,20 @@
 
 Both run the same torchrun command as `nanoplan run` (planner.launch.torchrun_command). Only the node
 rank and the rendezvous endpoint become the scheduler's variables; `cluster_torchrun_args` builds that
-list, so the tests compare the launch files against it argument by argument.
+list, so the tests compare the launch files against it argument by argument. A spot job, and any plan
+of another trainer (planner/export_node.py), runs `nanoplan run` on every node instead, so that every
+launch is counted against the budget and the run resumes by itself.
+
+SkyPilot (issue 30 #9, issue 32 #2): the run dir lives on the bucket mounted with mode MOUNT_CACHED
+(rclone with a VFS cache: "All write operations are supported", and the mode SkyPilot documents for
+checkpoints; mode MOUNT supports neither the appends to metrics.jsonl nor the in-place rewrites of the
+lock files: skypilot docs/source/reference/storage.rst). flock on a mount excludes only processes of one
+machine, so node rank 0 claims the run dir for its job first (runner/bucket_claim.py): a second job on
+the same bucket path is refused in one line. `resources.max_hourly_cost` (SkyPilot >= 0.12, PR 9132:
+only instances at or below that price per node-hour, spot prices for spot) holds SkyPilot to the plan's
+price, and a `sky launch` task tears itself down when idle (`resources.autostop: {down: true}`); a
+managed job's cluster is torn down by SkyPilot when the job ends (sky/jobs/recovery_strategy.py launches
+it with `down=True`).
 
 Hostile input: a string that reaches either file, from the plan or from the command line, must
 not hold a control character, nor an invisible bidi or zero-width one (the plan's schema refuses
@@ -23,6 +36,7 @@ import shlex
 import yaml
 
 from planner.errors import PlanError, control_char, echo
+from planner.export_node import TRAINER_DIR, trainer_node
 from planner.launch import DEFAULT_MAX_RESTARTS, DEFAULT_RDZV_PORT, torchrun_command
 from planner.plan import Plan
 
@@ -48,6 +62,8 @@ CPUS_PER_GPU = 8                # --cpus-per-task = this × GPUs per node; edit 
 CHECKPOINT_WRITE_BYTES_PER_S = 1e9  # assumption: 1 GB/s to a shared filesystem or bucket mount
 BASE_GRACE_S = 120              # rendezvous teardown, the step in flight, the meta file
 SKYPILOT_MOUNT = "/checkpoints"  # where the bucket is mounted on every SkyPilot node
+SKYPILOT_MOUNT_MODE = "MOUNT_CACHED"   # appends and in-place writes supported; MOUNT supports neither
+AUTODOWN_IDLE_MINUTES = 5       # SkyPilot's default idle time; then the cluster is torn down, not stopped
 RESUME_FLAG = "--resume"        # appended after a SLURM requeue (the runner also resumes by itself)
 CHECKPOINT_META_GLOB = "checkpoints/*/meta.json"  # a complete checkpoint (runner/checkpoint.py layout)
 MAX_TIME_LIMIT_S = 1e6 * 3600 * 11  # a plan's request.hours is at most 1e6 h; × (1 + the largest margin, 10)
@@ -66,12 +82,21 @@ def cluster_torchrun_args(plan: Plan, plan_path: str, run_dir: str, node_rank: i
 
 
 def nanoplan_run_args(plan: Plan, plan_path: str, run_dir: str, node_rank: int | str, rdzv_endpoint: str) -> list[str]:
-    """What a node of a spot job runs: `nanoplan run`, so that every launch, a preempted one included, is
-    counted against the budget (runner/ledger.py), and the run resumes from the run dir's newest checkpoint."""
+    """What a node of a spot job, or of any plan of another trainer, runs: `nanoplan run`, so that every launch,
+    a preempted one included, is counted against the budget (runner/ledger.py), and the run resumes from the
+    run dir's newest checkpoint. A nanochat plan adds `--trainer-dir` (a placeholder for "$NANOCHAT_DIR")."""
     cmd = ["python", "-m", "nanoplan", "run", plan_path, "--run-dir", run_dir]
+    node = trainer_node(plan)
+    if node is not None:
+        cmd += node.run_args()
     if plan.hardware.nodes > 1:
         cmd += ["--node-rank", str(node_rank), "--rdzv-endpoint", rdzv_endpoint]
     return cmd
+
+
+def runs_nanoplan_run(plan: Plan, spot: bool) -> bool:
+    """Whether a node runs `nanoplan run` (a spot job, or another trainer's plan) rather than torchrun directly."""
+    return spot or trainer_node(plan) is not None
 
 
 def _check_spot(plan: Plan, spot: bool) -> None:
@@ -85,6 +110,37 @@ def _check_spot(plan: Plan, spot: bool) -> None:
                         "interruptions", "re-plan with nanoplan estimate ... --spot --out plan.json")
 
 
+def _slurm_resume(rd: str, spot: bool) -> list[str]:
+    return ["# After a requeue, resume from the run dir's latest checkpoint. The runner finds it by itself too;",
+            f"# {RESUME_FLAG} is passed only when one exists, because it refuses to start without one.",
+            *_resume_lines(rd, "" if spot else '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && ')]
+
+
+def data_problem(plan: Plan) -> str | None:
+    """Why a nanoplan plan's job would find no data on its node (None for another trainer's plan: it reads
+    its own): no data directory at all, or one outside the launch directory."""
+    if trainer_node(plan) is not None:
+        return None
+    d = plan.request.data_dir
+    if not d:
+        return ("the plan has no data directory, so the job would find nothing to train on and stop on its node, "
+                "after paying for its start-up")
+    p = posixpath.normpath(d.replace("\\", "/"))
+    if posixpath.isabs(p) or p.startswith(".."):
+        return (f"the plan's data directory {echo(d, 120)} is outside the launch directory: it must exist at that "
+                "path on every node (mount it), or be moved inside")
+    return None
+
+
+def check_data(plan: Plan, spot: bool) -> None:
+    """A spot job without data is refused: unattended, it would pay for its start-up and stop at the preflight
+    (and SkyPilot would relaunch a preempted one into the same stop). Other exports warn (nanoplan/export.py)."""
+    if spot and trainer_node(plan) is None and not plan.request.data_dir:
+        raise PlanError("--spot", data_problem(plan) or "", "plan with --data DATA_DIR (nanoplan prepare-data): a "
+                        "folder inside the directory you launch from, which SkyPilot uploads with the workdir (or, "
+                        "for SLURM, on the shared filesystem)")
+
+
 def _resume_lines(rd: str, when: str = "") -> list[str]:
     """Set NANOPLAN_RESUME to --resume when the run dir holds a complete checkpoint (`when`: a further test)."""
     return [f"RUN_DIR={shlex.quote(rd)}",
@@ -96,11 +152,14 @@ def _resume_lines(rd: str, when: str = "") -> list[str]:
 
 def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, endpoint_var: str,
                  spot: bool = False) -> list[str]:
-    """The command, one shell word per line; the rank and endpoint expand from shell variables."""
+    """The command, one shell word per line; the rank, endpoint and trainer dir expand from shell variables."""
     words = []
-    args = (nanoplan_run_args if spot else cluster_torchrun_args)(plan, plan_path, run_dir, _NODE_RANK, _ENDPOINT)
+    use_run = runs_nanoplan_run(plan, spot)
+    args = (nanoplan_run_args if use_run else cluster_torchrun_args)(plan, plan_path, run_dir, _NODE_RANK, _ENDPOINT)
+    node = trainer_node(plan)
     for arg in args:
         q = shlex.quote(arg)  # the placeholders hold only characters shlex leaves bare
+        q = q.replace(TRAINER_DIR, node.placeholder() if node else "")
         words.append(q.replace(_NODE_RANK, f'"${node_rank_var}"').replace(_ENDPOINT, f'"{endpoint_var}"'))
     # Keep "--plan PATH" style pairs on one line: a word that starts with "-" followed by a value.
     lines: list[str] = []
@@ -115,7 +174,7 @@ def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, e
             i += 1
     if len(lines) > 1 and lines[1].startswith("-m "):  # "python -m torch.distributed.run" on one line
         lines[:2] = [f"{lines[0]} {lines[1]}"]
-    if spot:                                            # "python -m nanoplan run PLAN" on one line
+    if use_run:                                         # "python -m nanoplan run PLAN" on one line
         lines[:3] = [" ".join(lines[:3])]
     return lines
 
@@ -215,6 +274,8 @@ def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time
         _printable(field, value)
     _check_gpu_plan(plan, "SLURM")
     _check_spot(plan, spot)
+    check_data(plan, spot)
+    node = trainer_node(plan)
     if run_dir is not None and "://" in run_dir:
         raise PlanError("--bucket", f"{echo(run_dir, 120)} is a URL; SLURM nodes need a shared filesystem path",
                         "give a directory all nodes see, e.g. --bucket /scratch/$USER/nanoplan")
@@ -281,9 +342,9 @@ def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time
         "# On SIGTERM, torchrun gives its workers this long to write their checkpoint before SIGKILL.",
         f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown}",
         "",
-        "# After a requeue, resume from the run dir's latest checkpoint. The runner finds it by itself too;",
-        f"# {RESUME_FLAG} is passed only when one exists, because it refuses to start without one.",
-        *_resume_lines(rd, "" if spot else '[ "${SLURM_RESTART_COUNT:-0}" -gt 0 ] && '),
+        *(_slurm_resume(rd, spot) if node is None else
+          [*node.slurm_check(), "# nanoplan run resumes the trainer from its newest complete checkpoint by itself.",
+           'NANOPLAN_RESUME=""']),
         "export NANOPLAN_RESUME",
         "",
         f"# USR1 comes {lead} s before the time limit (--signal): SIGTERM the job step so the runner",
@@ -301,9 +362,9 @@ def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time
         "trap on_time_limit USR1",
         "trap on_term TERM",
         "",
-        ("# nanoplan run on every node (spot: each launch is counted against the budget, runner/ledger.py);"
-         if spot else "# The same torchrun command as `nanoplan run --dry-run`; bash -c expands the node rank on "
-         "each node."),
+        ("# nanoplan run on every node (each launch is counted against the budget, runner/ledger.py);"
+         if runs_nanoplan_run(plan, spot) else "# The same torchrun command as `nanoplan run --dry-run`; bash -c "
+         "expands the node rank on each node."),
         "# (Since Slurm 22.05 srun does not inherit --cpus-per-task from sbatch, so it is passed again.)",
         "srun --kill-on-bad-exit=1 --cpus-per-task=\"$SLURM_CPUS_PER_TASK\" bash -c " + _single_quote_block(
             _shell_lines(plan, plan_path, rd, "SLURM_NODEID", "$MASTER_ADDR:$MASTER_PORT", spot),
@@ -365,6 +426,7 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
         _printable(field, value)
     _check_gpu_plan(plan, "SkyPilot")
     _check_spot(plan, spot)
+    check_data(plan, spot)
     if not bucket:
         raise PlanError("--bucket", "SkyPilot needs a bucket for the run dir, or the checkpoints vanish with the VMs",
                         "give --bucket s3://BUCKET/PATH (or gs://, r2://, ...)")
@@ -390,7 +452,20 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
         run += ["# c10d rendezvous on the head node: the first line of SKYPILOT_NODE_IPS.",
                 'MASTER_ADDR=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
                 "export MASTER_ADDR"]
-    if spot:
+    node = trainer_node(plan)
+    run += ["# One job per run dir: the bucket is shared by every machine that mounts it, and the run dir's locks",
+            "# exclude only processes of one machine (runner/bucket_claim.py; SKYPILOT_TASK_ID is the same in every",
+            "# recovery of a managed job).",
+            'if [ "$SKYPILOT_NODE_RANK" = 0 ]; then',
+            f'  python -m runner.bucket_claim {shlex.quote(rd)} --job "$SKYPILOT_TASK_ID"',
+            "fi"]
+    if node is not None:
+        run += [*node.dir_var("$HOME/" + node.name),
+                f"# {node.name} under nanoplan run: its budget clock and launch ledger stop it before the money runs "
+                "out, and a",
+                "# relaunch (after a preemption) resumes it from its newest complete checkpoint (docs/trainers.md).",
+                "exec " + " \\\n  ".join(_shell_lines(plan, path, rd, "SKYPILOT_NODE_RANK", "$MASTER_ADDR:$MASTER_PORT"))]
+    elif spot:
         run += ["# After a preemption SkyPilot relaunches the job: resume from the newest checkpoint in the bucket.",
                 *_resume_lines(rd),
                 "# nanoplan run counts every launch against the budget (runner/ledger.py) and stops before it.",
@@ -407,15 +482,22 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
         f'pip install "torch=={TORCH_VERSION}"',
         "# The workdir is a nanoplan checkout: install it; otherwise install the released package.",
         "if [ -f pyproject.toml ]; then pip install -e .; else pip install nanoplan; fi",
+        *(node.skypilot_setup(plan) if node is not None else []),
     ]
+    node_usd = hw.gpus_per_node * hw.usd_per_gpu_hour
+    resources: dict[str, object] = {"accelerators": f"{acc}:{hw.gpus_per_node}", **({"use_spot": True} if spot else {})}
+    if node_usd > 0:      # SkyPilot refuses 0: a plan priced at $0 (your own machine) sets no cap
+        resources["max_hourly_cost"] = math.ceil(node_usd * 100) / 100
+    if not spot:          # a managed job's cluster is torn down by SkyPilot when the job ends
+        resources["autostop"] = {"idle_minutes": AUTODOWN_IDLE_MINUTES, "down": True}
     task = {
         "name": _job_name(plan),
         "workdir": ".",
         "num_nodes": hw.nodes,
-        "resources": {"accelerators": f"{acc}:{hw.gpus_per_node}", **({"use_spot": True} if spot else {})},
+        "resources": resources,
         "envs": {"MASTER_PORT": str(DEFAULT_RDZV_PORT),
                  "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(max(10, lead - 30))},
-        "file_mounts": {SKYPILOT_MOUNT: {"source": _Quoted(bucket), "mode": "MOUNT"}},
+        "file_mounts": {SKYPILOT_MOUNT: {"source": _Quoted(bucket), "mode": SKYPILOT_MOUNT_MODE}},
         "setup": "\n".join(setup) + "\n",
         "run": "\n".join(run) + "\n",
     }
@@ -425,7 +507,15 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
             ("#     sky jobs launch -n nanoplan task.yaml     (a managed job on spot instances: after a preemption"
              "\n#     SkyPilot relaunches it and the run resumes from its newest checkpoint)" if spot else
              "#     sky launch -c nanoplan task.yaml     (or `sky jobs launch task.yaml` to recover from preemption)"),
-            f"# Run dir and checkpoints: {_q(rd)}, where {SKYPILOT_MOUNT} is {_q(bucket)} mounted (mode MOUNT)."]
+            f"# Run dir and checkpoints: {_q(rd)}, where {SKYPILOT_MOUNT} is {_q(bucket)} mounted (mode "
+            f"{SKYPILOT_MOUNT_MODE}:",
+            "# rclone with a local cache; appends and in-place writes work, files upload when closed)."]
+    if node_usd > 0:
+        head.append(f"# max_hourly_cost: the plan's price per node-hour (${node_usd:,.2f}); SkyPilot skips pricier "
+                    "instances (re-plan with --price if none is found).")
+    if not spot:
+        head.append(f"# autostop down: the cluster is torn down {AUTODOWN_IDLE_MINUTES} min after the run ends, so a "
+                    "stopped run stops billing.")
     if acc != prof:
         head.append(f"# accelerators: profile {_q(prof)} -> SkyPilot {_q(acc)}.")
     if prof == "H100-PCIe":

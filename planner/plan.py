@@ -461,3 +461,28 @@ def doc_sha(doc: Any) -> str:
 def plan_hash(plan: Plan) -> str:
     """sha256 of what a plan trains (plan_doc)."""
     return doc_sha(plan_doc(plan))
+
+
+# --------------------------------------------------------------------------- what a run is, for its budget
+
+# Fields a resumed run may change: how often it checkpoints and how many it keeps (and what follows from them).
+RESUME_SAFE_FIELDS = ("request.checkpoint_every_minutes", "request.keep_last", "schedule.checkpoint_every_minutes",
+                      "schedule.checkpoint_every_steps", "schedule.num_checkpoints", "schedule.keep_last",
+                      "schedule.storage_bytes")
+
+
+def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
+    """{"a.b.0": leaf} of a nested JSON document (an empty dict or list is a leaf)."""
+    if isinstance(doc, dict) and doc:
+        return {k: v for key, sub in doc.items() for k, v in flatten(sub, f"{prefix}.{key}" if prefix else str(key)).items()}
+    if isinstance(doc, list) and doc:
+        return {k: v for i, sub in enumerate(doc) for k, v in flatten(sub, f"{prefix}.{i}" if prefix else str(i)).items()}
+    return {prefix: doc}
+
+
+def budget_key(plan_or_doc: Plan | dict[str, Any]) -> str:
+    """What a run IS, for its budget and its checkpoints: plan_hash without RESUME_SAFE_FIELDS (model, data,
+    batch, length, budget, hardware, ...; not the cadence or keep_last, which a resume may change). Equal for
+    every plan that may resume the run's checkpoints, so a changed cadence never starts a new budget."""
+    doc = plan_doc(plan_or_doc) if isinstance(plan_or_doc, Plan) else plan_or_doc
+    return doc_sha({k: v for k, v in flatten(doc).items() if k not in RESUME_SAFE_FIELDS})

@@ -300,20 +300,47 @@ class Hardware(BaseModel):
         return self.nodes * self.gpus_per_node
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping: PyYAML keeps the last one silently (a
+    second `default_provider` changed the price; plan.json refuses duplicates too)."""
+
+
+def _unique_mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    loader.flatten_mapping(node)
+    seen: dict[Any, int] = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line + 1)
+        except TypeError:
+            continue                     # an unhashable key: construct_mapping refuses it below
+        if first != key_node.start_mark.line + 1:
+            raise yaml.constructor.ConstructorError(None, None, f"the key {key!r} appears twice (lines {first} and "
+                                                    f"{key_node.start_mark.line + 1})", key_node.start_mark)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
 def _load_yaml_profile(text: str, origin: str, trusted: bool = False) -> HardwareProfile:
-    """A profile from YAML text. User files go through yaml.safe_load; the shipped ones (trusted package
-    data) through libyaml's CSafeLoader when present: the same safe constructors, ~10x faster, which keeps
-    `nanoplan estimate` quick with 14 profiles to read."""
+    """A profile from YAML text. User files go through a safe loader that refuses duplicate keys; the shipped
+    ones (trusted package data) through libyaml's CSafeLoader when present: the same safe constructors, ~10x
+    faster, which keeps `nanoplan estimate` quick with 14 profiles to read."""
     try:
         fast = getattr(yaml, "CSafeLoader", None) if trusted else None
-        data = yaml.load(text, Loader=fast) if fast is not None else yaml.safe_load(text)  # noqa: S506 - CSafeLoader
+        data = yaml.load(text, Loader=fast or _StrictLoader)  # noqa: S506 - safe loaders only
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         what = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise PlanError(origin, f"not valid YAML{where}: {what}", "fix the syntax; tags such as !!python/... are refused") from None
+        fix = ("keep one of them" if "appears twice" in str(what) else
+               "fix the syntax; tags such as !!python/... are refused")
+        raise PlanError(origin, f"not valid YAML{where}: {what}", fix) from None
     except RecursionError:
         raise PlanError(origin, "not valid YAML: nested too deeply", "fix the syntax") from None
+    except ValueError as e:              # a 5,000-digit integer (Python's int conversion limit)
+        raise PlanError(origin, f"not a profile ({str(e).split(';')[0][:120]})", "fix the number") from None
     if not isinstance(data, dict):
         raise PlanError(origin, "a profile must be a YAML mapping of fields", "see hardware_profiles/H100-SXM.yaml")
     try:

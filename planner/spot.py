@@ -34,6 +34,13 @@ from planner.startup import COMPILE_S, COMPILE_SOURCE, RENDEZVOUS_S, START_UP_S,
 WARM_STEPS = 2           # runner/schedule.SKIP_INTERVALS: a launch's first steps run cold; counted as lost
 READ_FACTOR = 1.0        # a relaunch reads the checkpoint at the storage bandwidth it was written at
 FINAL_RESERVE = 1.5      # runner/clock.CKPT_SAFETY: the guard keeps 1.5 checkpoint writes and two steps at the end
+# The Monte-Carlo's time grows with the interruptions it simulates (a 100 h run at an MTBI of 0.1 h took 20 s on
+# a loaded 2-core box; --mtbi 1e-9 never ended: issue 30 #4). Trials scale down so that it simulates about
+# MC_INTERRUPTIONS in all (a run interrupted that often varies little from trial to trial), never below
+# MIN_TRIALS; a run expected to be interrupted more than MAX_INTERRUPTIONS times is refused.
+MC_INTERRUPTIONS = 200_000
+MIN_TRIALS = 50
+MAX_INTERRUPTIONS = 5_000
 
 
 @dataclass(frozen=True)
@@ -71,6 +78,24 @@ def young_daly_s(write_s: float, mtbi_s: float) -> float:
 def interval_s(costs: Costs) -> float:
     """The cadence a spot plan uses: Young/Daly, never shorter than a step or a write."""
     return max(young_daly_s(costs.write_s, costs.mtbi_s), costs.step_s, costs.write_s)
+
+
+def expected_paid_s(work_s: float, tau_s: float, c: Costs) -> float:
+    """Daly (2006): the expected paid time of `work_s` seconds of training checkpointed every tau_s,
+    M·e^(R/M)·(e^((tau+C)/M) - 1)·W/tau (inf when it overflows: the run would never finish)."""
+    m = c.mtbi_s
+    x = (tau_s + c.write_s) / m + c.restart_s / m
+    if x > 700:
+        return math.inf
+    return m * math.exp(c.restart_s / m) * math.expm1((tau_s + c.write_s) / m) * work_s / tau_s
+
+
+def mc_trials(requested: int, interruptions: float) -> int:
+    """Trials of the Monte-Carlo: `requested`, fewer when each run is interrupted so often that they would
+    simulate more than MC_INTERRUPTIONS in all (never fewer than MIN_TRIALS)."""
+    if interruptions * requested <= MC_INTERRUPTIONS:
+        return requested
+    return max(MIN_TRIALS, min(requested, math.floor(MC_INTERRUPTIONS / max(interruptions, 1.0))))
 
 
 @dataclass(frozen=True)

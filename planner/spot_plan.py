@@ -16,8 +16,18 @@ import math
 
 from planner.errors import PlanError
 from planner.plan import PlanRequest, SpotPlan
-from planner.profiles import Hardware, HardwareProfile, Price, SpotPrice, parse_gpu_spec
-from planner.spot import Costs, interval_s, outcome, restart_parts, work_within, young_daly_s
+from planner.profiles import RANGES, Hardware, HardwareProfile, Price, SpotPrice, parse_gpu_spec
+from planner.spot import (
+    MAX_INTERRUPTIONS,
+    Costs,
+    expected_paid_s,
+    interval_s,
+    mc_trials,
+    outcome,
+    restart_parts,
+    work_within,
+    young_daly_s,
+)
 from planner.throughput import Throughput
 
 ON_DEMAND_CADENCE_S = 3600.0     # an on-demand plan's default: checkpoint hourly
@@ -53,6 +63,10 @@ def spot_hardware(req: PlanRequest) -> Hardware:
 def _mtbi(req: PlanRequest) -> tuple[float, str]:
     assert req.spot is not None
     if req.spot.mtbi_hours is not None:
+        hi = RANGES["mtbi_hours"][1]                 # a profile's ceiling; its floor (0.1 h) is for GPU nodes:
+        if req.spot.mtbi_hours > hi:                 # the flag is held to the run's own restart (costs_of)
+            raise PlanError("--mtbi", f"{req.spot.mtbi_hours:g} h is more than {hi:g} h between interruptions",
+                            "e.g. --mtbi 6h")
         return req.spot.mtbi_hours, MTBI_FROM_CLI
     entry = _spot_entry(req)
     if entry is None:
@@ -68,9 +82,32 @@ def costs_of(req: PlanRequest, hw: Hardware, tp: Throughput, checkpoint_bytes: i
                           checkpoint_bytes=checkpoint_bytes, storage_bytes_per_s=bps)
     restart = sum(parts.values())
     mtbi_h, _ = _mtbi(req)
+    if mtbi_h * 3600.0 / hw.nodes <= restart:        # --mtbi 1e-9 never answered (issue 30 #4)
+        raise PlanError("--mtbi", f"{mtbi_h:g} h between interruptions ({mtbi_h * 3600.0 / hw.nodes:.3g} s for the "
+                        f"{hw.spec} cluster) is not longer than one restart of this run ({restart:.3g} s: start-up, "
+                        "checkpoint load, compile); it would never get past its start-up", "e.g. --mtbi 6h")
     # the MTBI is one node's: a run on N nodes stops when any of them is interrupted, N times as often
     return Costs(step_s=tp.step_seconds, write_s=checkpoint_bytes / bps, restart_s=restart,
                  first_s=restart - parts["checkpoint_load"], mtbi_s=mtbi_h * 3600.0 / hw.nodes), parts
+
+
+def _interruptions(req: PlanRequest, usd_per_hour: float, tp: Throughput, tau_s: float, c: Costs) -> float:
+    """How often one run is expected to be interrupted (its cap, or Daly's expected time for --steps, over the
+    MTBI); PlanError past MAX_INTERRUPTIONS: no Monte-Carlo of it would end in reasonable time, nor the run."""
+    if req.steps is not None:
+        paid_s = expected_paid_s(req.steps * tp.step_seconds, tau_s, c)
+    elif req.hours is not None:
+        paid_s = req.hours * 3600.0
+    else:
+        paid_s = (req.budget_usd or 0.0) / usd_per_hour * 3600.0 if usd_per_hour > 0 else 0.0
+    n = paid_s / c.mtbi_s
+    if n > MAX_INTERRUPTIONS:
+        what = "--steps" if req.steps is not None else "--hours" if req.hours is not None else "--budget"
+        count = "more than the run could ever finish" if math.isinf(n) else f"about {n:,.0f} times"
+        raise PlanError("--mtbi", f"at {c.mtbi_s / 3600:g} h between interruptions (of the {req.gpu} cluster) this "
+                        f"run would be interrupted {count}; nanoplan models at most {MAX_INTERRUPTIONS:,}",
+                        f"check --mtbi, or plan a shorter run ({what})")
+    return n
 
 
 def spot_length(req: PlanRequest, hw: Hardware, tp: Throughput,
@@ -83,7 +120,8 @@ def spot_length(req: PlanRequest, hw: Hardware, tp: Throughput,
     c, parts = costs_of(req, hw, tp, checkpoint_bytes)
     optimum = float(f"{interval_s(c) / 60.0:.2g}") * 60.0   # 2 figures: the expected time is flat near the optimum
     tau = sr.checkpoint_every_minutes * 60.0 if sr.checkpoint_every_minutes is not None else optimum
-    mc = {"quantile_": sr.quantile, "trials": sr.trials, "seed": sr.seed}
+    mc = {"quantile_": sr.quantile, "trials": mc_trials(sr.trials, _interruptions(req, usd_per_hour, tp, tau, c)),
+          "seed": sr.seed}
     cap_s: float | None = None
     if req.steps is not None:
         steps, limited = req.steps, "steps"
@@ -120,7 +158,7 @@ def spot_length(req: PlanRequest, hw: Hardware, tp: Throughput,
         finish_probability=out.finish_probability, cap_hours=None if cap_s is None else cap_s / 3600.0,
         on_demand_hours=od_s / 3600.0,
         on_demand_usd=None if od_price is None else od_s / 3600.0 * hw.num_gpus * od_price,
-        quantile=sr.quantile, trials=sr.trials, seed=sr.seed,
+        quantile=sr.quantile, trials=mc["trials"], seed=sr.seed,
     )
     return steps, hours, limited, sp
 

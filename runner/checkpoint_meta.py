@@ -11,31 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from planner.errors import echo
-from planner.plan import Plan, doc_sha, plan_doc
+from planner.plan import RESUME_SAFE_FIELDS, Plan, budget_key, doc_sha, flatten, plan_doc
 from runner.checkpoint_layout import META, SHARDED_MODEL
 from runner.runfiles import CheckpointMeta, problem_of, read_json_file, seal
 from runner.torch_files import sha256_file
 
-# Fields a resumed run may change: how often it checkpoints and how many it keeps (and what follows from them).
-RESUME_SAFE_FIELDS = ("request.checkpoint_every_minutes", "request.keep_last", "schedule.checkpoint_every_minutes",
-                      "schedule.checkpoint_every_steps", "schedule.num_checkpoints", "schedule.keep_last",
-                      "schedule.storage_bytes")
-
-
-def flatten(doc: Any, prefix: str = "") -> dict[str, Any]:
-    """{"a.b.0": leaf} of a nested JSON document (an empty dict or list is a leaf)."""
-    if isinstance(doc, dict) and doc:
-        return {k: v for key, sub in doc.items() for k, v in flatten(sub, f"{prefix}.{key}" if prefix else str(key)).items()}
-    if isinstance(doc, list) and doc:
-        return {k: v for i, sub in enumerate(doc) for k, v in flatten(sub, f"{prefix}.{i}" if prefix else str(i)).items()}
-    return {prefix: doc}
-
-
-def train_hash(plan_or_doc: Plan | dict[str, Any]) -> str:
-    """plan_hash without RESUME_SAFE_FIELDS: equal for plans a checkpoint may be resumed under."""
-    doc = plan_doc(plan_or_doc) if isinstance(plan_or_doc, Plan) else plan_or_doc
-    flat = flatten(doc)
-    return doc_sha({k: v for k, v in flat.items() if k not in RESUME_SAFE_FIELDS})
+# RESUME_SAFE_FIELDS: what a resumed run may change (cadence, keep_last); train_hash is planner.plan.budget_key.
+train_hash = budget_key
 
 
 RESUME_HINT = ("only checkpoint_every_minutes and keep_last may change on resume; "

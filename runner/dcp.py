@@ -19,8 +19,8 @@ unchanged: a step directory counts only once meta.json exists and every checksum
 Loading goes through ``get_state_dict`` / ``set_state_dict``
 (torch.distributed.checkpoint.state_dict). DCP reshards on load, so a checkpoint can be read
 by another number of ranks, or by a plain unsharded model in one process.
-``export_model_file`` turns ``dcp/model`` into one ``torch.save`` file of the GPT's state dict
-(``format_utils.dcp_to_torch_save``).
+``runner.model_file.export_model_file`` turns ``dcp/model`` into one ``torch.save`` file of the GPT's
+state dict (``format_utils.dcp_to_torch_save``).
 
 DCP reads its shard files with ``torch.load(weights_only=True)`` but unpickles ``.metadata``
 with plain ``pickle.load``. Before any load, ``check_metadata`` reads each ``.metadata`` with an
@@ -30,9 +30,7 @@ paths), so a forged one is refused before it can run anything.
 
 from __future__ import annotations
 
-import os
 import pickle
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -157,46 +155,3 @@ def load_shards(step_path: Path, model: nn.Module, optimizers: list[torch.optim.
     dcp.load(msd, checkpoint_id=step_path / MODEL_DIR)
     dcp.load(osd, checkpoint_id=step_path / OPTIM_DIR)
     set_state_dict(model, optimizers, model_state_dict=msd, optim_state_dict=osd)
-
-
-def export_model_file(step_path: Path, out: Path) -> dict[str, torch.Tensor]:
-    """Write the checkpoint's model as one torch.save state dict at `out` (temp file + rename).
-
-    DCP checkpoints are consolidated with ``dcp_to_torch_save`` in this process (it needs host
-    memory for the whole model); a DDP/zero1 checkpoint's model.pt is already one. Returns the
-    state dict (loaded back with weights_only=True, as a user would).
-
-    Every read is weights-only (runner/torch_files.load_torch): a model.pt that holds pickled objects
-    is a one-line PlanError that never suggests loading it unsafely.
-    """
-    from torch.distributed.checkpoint.api import CheckpointException
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    from runner.torch_files import load_torch
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        if has_shards(step_path):
-            check_metadata(step_path / MODEL_DIR)
-            try:
-                dcp_to_torch_save(step_path / MODEL_DIR, tmp)
-            except (Exception, CheckpointException) as e:  # noqa: BLE001 - an untrusted checkpoint: one line
-                why = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-                raise PlanError(str(step_path / MODEL_DIR), f"cannot be consolidated ({why})",
-                                "export another --step") from None
-        else:
-            sd = load_torch(step_path / "model.pt")
-            if not isinstance(sd, dict) or not all(isinstance(v, torch.Tensor) for v in sd.values()):
-                raise PlanError(str(step_path / "model.pt"), "is not a state dict of tensors", "export another --step")
-            torch.save(sd, tmp)
-        sd = load_torch(Path(tmp))
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return sd

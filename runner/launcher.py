@@ -292,11 +292,10 @@ class LaunchWriteError(Exception):
 
 
 def io_problem(path: Path | str, e: OSError) -> str:
-    """'PATH could not be written: No space left on device [errno ENOSPC]'."""
-    import errno as _errno
+    """'PATH could not be written: No space left on device [errno ENOSPC]' (planner.writes.write_problem)."""
+    from planner.writes import write_problem
 
-    why = f"{os.strerror(e.errno)} [errno {_errno.errorcode.get(e.errno, e.errno)}]" if e.errno else str(e)[:200]
-    return f"{path} could not be written: {why}"
+    return write_problem(path, e)
 
 
 class Launch:
@@ -307,9 +306,12 @@ class Launch:
     """
 
     def __init__(self, run_dir: Path, *, node_rank: int, plan_hash: str, launch_id: str, t0: float,
-                 scale: float) -> None:
+                 scale: float, budget_key: str | None = None) -> None:
+        """`budget_key`: planner.plan.budget_key of the plan (what the run is, whatever its checkpoint cadence);
+        without it the launch's budget follows the plan hash only, and a changed cadence starts a new budget."""
         self.run_dir, self.node_rank, self.plan_hash, self.id = run_dir, node_rank, plan_hash, launch_id
         self.t0, self.scale = t0, scale
+        self.budget_key, self.source_key = budget_key, budget_key
         self.lock: Any = None
         self.record: dict[str, Any] | None = None
         self._beats: Any = None
@@ -347,7 +349,7 @@ class Launch:
         """Budget seconds the run had used before this launch (runner.ledger.spent_before_s)."""
         from runner.ledger import spent_before_s
 
-        return spent_before_s(self.run_dir, self.plan_hash, also)
+        return spent_before_s(self.run_dir, self.plan_hash, also, key=self.budget_key)
 
     def start(self, *, source_hash: str | None = None, also: tuple[str, ...] = (),
               carried_s: float | None = None) -> None:
@@ -366,6 +368,8 @@ class Launch:
         self.record = {"id": self.id, "plan_hash": self.plan_hash, "source_hash": source_hash or self.plan_hash,
                        "host": socket.gethostname(), "pid": os.getpid(), "carried_s": carried,
                        "spent_s": self.spent_s() + PREPAID_S, "state": "running"}
+        if self.budget_key is not None:
+            self.record.update(budget_key=self.budget_key, source_key=self.source_key or self.budget_key)
         try:
             write_record(self.run_dir, self.record)
         except OSError as e:
@@ -373,11 +377,15 @@ class Launch:
                                    "(free disk space or fix the run dir, then run the same command)") from None
         self._beats = Heartbeat(self._beat).start()
 
-    def ran_plan(self, plan_hash: str) -> None:
+    def ran_plan(self, plan_hash: str, budget_key: str | None = None) -> None:
         """The plan this launch runs is now known (after `--probe`): its record says so from here on."""
         self.plan_hash = plan_hash
+        if budget_key is not None:
+            self.budget_key = budget_key
         if self.record is not None:
             self.record["plan_hash"] = plan_hash
+            if budget_key is not None:
+                self.record["budget_key"] = budget_key
             self.heartbeat()
 
     def _beat(self, final: bool) -> None:

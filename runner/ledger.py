@@ -4,7 +4,8 @@
 trials of `--probe`), and a heartbeat thread rewrites it every HEARTBEAT_S while it runs, and
 once, exactly, when it ends:
 
-    {"launches": [{"id", "plan_hash", "source_hash", "host", "pid", "carried_s", "spent_s", "state"}, ...]}
+    {"launches": [{"id", "plan_hash", "source_hash", "budget_key", "source_key", "host", "pid", "carried_s",
+                   "spent_s", "state"}, ...]}
 
 - carried_s: budget seconds the run had used before this launch (the most that any record
   of the run says: this ledger, the checkpoints' meta.json, metrics.jsonl);
@@ -14,6 +15,11 @@ once, exactly, when it ends:
   PREPAID_S long.
 - source_hash: the plan the user passed (`run --probe` runs the probed plan made from it, and
   records the probed plan's hash as plan_hash once the probe is done).
+- budget_key, source_key: what those two plans ARE for the budget (planner.plan.budget_key: the plan
+  without the fields a resume may change, its checkpoint cadence and keep_last). A relaunch with a
+  changed `--checkpoint-every-minutes` or `--keep-last` is a new plan hash but the same run: its
+  launch carries every earlier launch's time (issue 30 #2: keyed by plan hash alone, eleven killed
+  launches and one with a new cadence ran 1.37x the budget).
 
 Workers outlive a launcher that is killed with -9 alone: torchrun is told to stop, and the
 workers finish their step and checkpoint. The rank-0 worker therefore keeps its own heartbeat,
@@ -21,7 +27,8 @@ RUN_DIR/.nanoplan.alive.json ({"id", "spent_s"}: its launch's age, PREPAID_S ahe
 exits), and every reader of the ledger folds it into that launch's record: the time orphaned
 workers ran until they died is counted.
 
-The next launch carries max(carried_s + spent_s) over the run's records. Gaps between launches
+The next launch carries max(carried_s + spent_s) over the run's records that name its plan: its
+plan hash or budget key, or one linked to them by a record (a probed plan and its source). Gaps between launches
 (a relaunch by hand an hour later) are not counted: the machines need not have been rented.
 Plain Python, no torch.
 """
@@ -81,30 +88,38 @@ def read_alive(run_dir: Path) -> dict[str, Any] | None:
     return {**data, "spent_s": float(spent)}
 
 
-def budget_keys(records: list[dict[str, Any]], plan_hash: str, also: Iterable[str] = ()) -> set[str]:
-    """The plan hashes whose records count towards this plan's budget: the plan itself, the plan a
-    `run --probe` made it from (source_hash), and the other probed plans made from that source."""
-    keys = {plan_hash, *also}
-    for _ in range(2):
+def _ids(r: dict[str, Any]) -> set[str]:
+    """The plan hashes and budget keys a record names."""
+    return {v for v in (r.get("plan_hash"), r.get("source_hash"), r.get("budget_key"), r.get("source_key"))
+            if isinstance(v, str)}
+
+
+def budget_keys(records: list[dict[str, Any]], plan_hash: str, also: Iterable[str] = (),
+                key: str | None = None) -> set[str]:
+    """The plan hashes and budget keys whose records count towards this plan's budget: the plan itself, its
+    budget key (`key`, planner.plan.budget_key: the same run with another checkpoint cadence or keep_last),
+    the plan a `run --probe` made it from (source_hash), and everything a record links to those (the other
+    probed plans made from that source, their keys)."""
+    keys = {plan_hash, *also} | ({key} if key else set())
+    grew = True
+    while grew:
+        grew = False
         for r in records:
-            src = r.get("source_hash")
-            if not isinstance(src, str):
-                continue
-            if r["plan_hash"] in keys:
-                keys.add(src)
-            if src in keys:
-                keys.add(r["plan_hash"])
+            ids = _ids(r)
+            if ids & keys and not ids <= keys:
+                keys |= ids
+                grew = True
     return keys
 
 
 def _counts(r: dict[str, Any], keys: set[str]) -> bool:
-    return r["plan_hash"] in keys or r.get("source_hash") in keys
+    return bool(_ids(r) & keys)
 
 
 def ledger_total_s(records: list[dict[str, Any]], plan_hash: str, skip: set[str | None] | None = None,
-                   also: Iterable[str] = ()) -> float:
+                   also: Iterable[str] = (), key: str | None = None) -> float:
     """The most budget seconds any record of this plan (but those in `skip`) says the run had used by its end."""
-    keys = budget_keys(records, plan_hash, also)
+    keys = budget_keys(records, plan_hash, also, key)
     return max((float(r["carried_s"]) + float(r["spent_s"]) for r in records
                 if _counts(r, keys) and r["id"] not in (skip or set())), default=0.0)
 
@@ -122,22 +137,24 @@ def live_record(run_dir: Path, records: list[dict[str, Any]]) -> dict[str, Any] 
                  and r.get("host") == holder.get("host") and r["state"] == "running"), None)
 
 
-def spent_before_s(run_dir: Path, plan_hash: str, also: Iterable[str] = (), *, metrics: bool = True) -> float:
+def spent_before_s(run_dir: Path, plan_hash: str, also: Iterable[str] = (), *, metrics: bool = True,
+                   key: str | None = None) -> float:
     """Budget seconds this plan's run in RUN_DIR had used: the most that the ledger, any complete
-    checkpoint of this plan, or metrics.jsonl (when run_info.json names this plan) records.
-    `also`: hashes that count as this plan too (`run --probe`: the plan it probes). `metrics=False`
-    skips metrics.jsonl (a long file): a quick lower bound."""
+    checkpoint of this run, or metrics.jsonl (when run_info.json names this run) records.
+    `also`: hashes that count as this plan too (`run --probe`: the plan it probes); `key`: the plan's
+    budget key (planner.plan.budget_key), which a changed cadence keeps. `metrics=False` skips
+    metrics.jsonl (a long file): a quick lower bound."""
     from runner.checkpoint_layout import complete_steps, step_dir
     from runner.checkpoint_meta import read_meta
     from runner.metrics import RUN_INFO, read_json, read_metrics
 
     recs = read_ledger(run_dir)
-    keys = budget_keys(recs, plan_hash, also)
-    best = ledger_total_s(recs, plan_hash, also=also)
+    keys = budget_keys(recs, plan_hash, also, key)
+    best = ledger_total_s(recs, plan_hash, also=also, key=key)
     for s in complete_steps(run_dir):
         meta = read_meta(step_dir(run_dir, s)) or {}
         h = meta.get("elapsed_hours")
-        if meta.get("plan_hash") in keys and _finite(h):
+        if _of_run(meta, keys) and _finite(h):
             best = max(best, float(h) * 3600.0)
     info = read_json(Path(run_dir) / RUN_INFO) or {}
     if metrics and (info.get("plan_hash") is None or info.get("plan_hash") in keys):
@@ -159,6 +176,7 @@ def nothing_to_do(run_dir: Path, plan: Plan, carried_s: float, age_s: float, als
       ended the schedule (runner/schedule.py).
     A run that reached its step count is left to the workers (they verify the checkpoint, and say so).
     """
+    from planner.plan import budget_key
     from planner.plan import plan_hash as hash_of
     from runner.checkpoint_layout import complete_steps, step_dir
     from runner.checkpoint_meta import read_meta
@@ -169,11 +187,11 @@ def nothing_to_do(run_dir: Path, plan: Plan, carried_s: float, age_s: float, als
                         ckpt_bytes=plan.schedule.checkpoint_bytes)
     if guard.deadline_s is None:
         return None
-    keys = budget_keys(read_ledger(run_dir), hash_of(plan), also)
+    keys = budget_keys(read_ledger(run_dir), hash_of(plan), also, budget_key(plan))
     meta: dict[str, Any] = {}
     for s in reversed(complete_steps(run_dir)):
         m = read_meta(step_dir(run_dir, s)) or {}
-        if m.get("plan_hash") in keys:
+        if _of_run(m, keys):
             meta = {**m, "step": s}
             break
     step, total = int(meta.get("step") or 0), plan.schedule.total_steps
@@ -189,6 +207,11 @@ def nothing_to_do(run_dir: Path, plan: Plan, carried_s: float, age_s: float, als
         return None
     return (f"the budget of {run_dir} is spent: {carried_s:,.1f} s of its {guard.deadline_s:,.1f} s were used before "
             f"this launch, which has taken {age_s:,.1f} s, and the final checkpoint needs {guard.reserve_s():,.1f} s")
+
+
+def _of_run(meta: dict[str, Any], keys: set[str]) -> bool:
+    """Whether a checkpoint's meta.json is of this run: its plan hash, or its train_hash (the budget key)."""
+    return meta.get("plan_hash") in keys or meta.get("train_hash") in keys
 
 
 def _finite(v: Any) -> bool:

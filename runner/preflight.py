@@ -134,7 +134,7 @@ def _write_problem(run_dir: Path, parent: Path) -> str | None:
             os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".nanoplan-write-test."))
         except OSError as e:
             return f"run dir {run_dir} cannot be created ({parent} is not writable: {e.strerror}); pick another --run-dir"
-        return None
+        return _posix_problem(run_dir, parent)
     if not run_dir.is_dir():
         return f"run dir {run_dir} is not a directory; pick another --run-dir"
     try:
@@ -142,7 +142,38 @@ def _write_problem(run_dir: Path, parent: Path) -> str | None:
             pass
     except OSError as e:
         return f"run dir {run_dir} is not writable ({e.strerror}); pick another --run-dir"
-    return None
+    return _posix_problem(run_dir, run_dir)
+
+
+def _posix_problem(run_dir: Path, where: Path) -> str | None:
+    """Why the run dir's filesystem cannot hold a run, found by really doing what the run does there: append a
+    line (metrics.jsonl) and rewrite bytes in place (the lock files' holder records). A bucket mounted with
+    SkyPilot's mode MOUNT refuses both ("random writes and append operations are not supported",
+    docs/source/reference/storage.rst); a launch there failed at its first metrics line (issue 30 #9)."""
+    fd, tmp = tempfile.mkstemp(dir=where, prefix=".nanoplan-posix-test.")
+    try:
+        os.write(fd, b"ab")
+        os.close(fd)
+        fd = -1
+        with open(tmp, "ab") as f:
+            f.write(b"c")
+        fd = os.open(tmp, os.O_RDWR)
+        os.pwrite(fd, b"X", 0)
+        os.close(fd)
+        fd = -1
+        got = Path(tmp).read_bytes()
+        why = None if got == b"Xbc" else f"read back {got!r} after an append and an in-place write"
+    except OSError as e:
+        why = e.strerror or str(e)
+    finally:
+        if fd >= 0:
+            os.close(fd)
+        Path(tmp).unlink(missing_ok=True)
+    if why is None:
+        return None
+    return (f"run dir {run_dir} refuses appends or in-place writes ({why}): a run appends to metrics.jsonl and "
+            "rewrites its lock files in place (a bucket mounted with SkyPilot's mode MOUNT does neither; mode "
+            "MOUNT_CACHED, which nanoplan export writes, does both); pick another --run-dir")
 
 
 def peak_checkpoint_bytes(plan: Plan) -> int:
@@ -241,8 +272,8 @@ def run_preflight(plan: Plan, plan_path: str | Path, run_dir: Path, data_overrid
     pf.notes += notes
     pf.problems += check_run_dir(run_dir, peak_checkpoint_bytes(plan), plan.schedule.checkpoint_bytes)
     escape = check_run_dir_contained(run_dir)
-    if escape:
-        pf.problems.append(escape)
+    if escape:        # never a problem --force may pass: nanoplan run refuses it after the lock whatever --force says
+        raise PlanError("preflight", escape, "remove the link, or pass the real directory as --run-dir")
     try:
         check_data(plan, resolve_data_dir(plan, data_override, plan_path))
     except PlanError as e:

@@ -17,9 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
-import socket
-import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +29,8 @@ import numpy as np
 from planner.datameta import DataMeta, dtype_for_vocab
 from planner.errors import PlanError
 from planner.plan import atomic_write_text
-from runner.launcher import pid_alive
+from planner.writes import failed
+from runner.temps import clean_dead, temp_prefix
 from runner.tokenize import (
     BPE_MIN_VOCAB,
     AlphabetScan,
@@ -74,41 +72,19 @@ class PrepareResult:
     removed_stale: tuple[int, int] = (0, 0)     # temporaries of dead writers removed: (files, bytes)
 
 
-_TEMP = re.compile(r"^\.(?:train\.bin|val\.bin|tokenizer\.json)\.w(\d+)-([A-Za-z0-9-]*)\.[^/]+\.tmp$")
-
-
-def _host() -> str:
-    return re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:64]
+_OUTPUTS = ("train.bin", "val.bin", "tokenizer.json")
 
 
 def _temp_prefix(name: str) -> str:
-    """`.NAME.wPID-HOST.`: a temporary output of this process (see clean_stale_temporaries)."""
-    return f".{name}.w{os.getpid()}-{_host()}."
+    """`.NAME.wPID-HOST.`: a temporary output of this process (runner/temps.py)."""
+    return temp_prefix(name)
 
 
 def clean_stale_temporaries(out: Path) -> tuple[int, int]:
     """Remove the temporary outputs of earlier prepare-data runs into `out` whose writer is dead (on this
     host; a writer on another host of a shared disk is left alone), never following a link (only
     regular files are removed). Returns (files, bytes) removed."""
-    n = size = 0
-    host = _host()
-    try:
-        entries = list(os.scandir(out))
-    except OSError:
-        return 0, 0
-    for e in entries:
-        m = _TEMP.match(e.name)
-        if m is None or m.group(2) != host or int(m.group(1)) == os.getpid() or pid_alive(int(m.group(1))):
-            continue
-        try:
-            st = e.stat(follow_symlinks=False)
-            if not stat.S_ISREG(st.st_mode):
-                continue
-            os.unlink(e.path)
-        except OSError:
-            continue
-        n, size = n + 1, size + st.st_size
-    return n, size
+    return clean_dead(out, lambda name: name in _OUTPUTS)
 
 
 def _umask_mode() -> int:
@@ -206,21 +182,31 @@ class _BinWriter:
             self.max_id = max(self.max_id, int(np.max(ids)))
             if int(np.min(ids)) < 0:
                 self.max_id = max(self.max_id, 1 << 62)   # a negative id is as wrong as one past the vocab
-            self.f.write(memoryview(np.ascontiguousarray(ids, dtype=self.dtype)))
+            try:
+                self.f.write(memoryview(np.ascontiguousarray(ids, dtype=self.dtype)))
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(self.final)) from None   # name the file, not the temp
             self.tokens += int(ids.size)
 
     def close(self) -> None:
         if not self.f.closed:
-            self.f.flush()
-            os.fsync(self.f.fileno())
-            self.f.close()
+            try:
+                self.f.flush()
+                os.fsync(self.f.fileno())
+            except OSError as e:
+                raise OSError(e.errno, e.strerror, str(self.final)) from None
+            finally:
+                self.f.close()
 
     def commit(self) -> None:
         self.close()
         _publish(self.tmp, self.final)
 
     def abort(self) -> None:
-        self.f.close()
+        try:
+            self.f.close()              # a failed flush of what is left must not stop the clean-up
+        except OSError:
+            pass
         self.tmp.unlink(missing_ok=True)
 
 
@@ -319,8 +305,22 @@ def prepare_data(inputs: list[str], out_dir: str | Path, tokenizer: str = "byte"
         pieces = (p for t in text for p in split_pieces(t))
         tok = BpeTokenizer.train(pieces, vocab_size or DEFAULT_BPE_VOCAB)
     dtype = dtype_for_vocab(tok.vocab_size)
+    state = {"published": False}
+    try:
+        return _write_data_dir(out, tok, tokenizer, dtype, segs, files, total, val_fraction, block_bytes, chunk_bytes,
+                               ticker, t0, state)
+    except OSError as e:                      # one line, exit 4 (planner/writes.py), never a traceback
+        done = ("DATA_DIR has no meta.json now, so nothing reads it as complete; run prepare-data again"
+                if state["published"] else "nothing in it was replaced")
+        raise failed(Path(e.filename or out), e, "--out", done) from None
 
-    out.mkdir(parents=True, exist_ok=True)
+
+def _write_data_dir(out: Path, tok: Tokenizer, tokenizer: str, dtype: str, segs: list[Segment],
+                    files: list[tuple[Path, int]], total: int, val_fraction: float, block_bytes: int,
+                    chunk_bytes: int, ticker: Callable[[str, int], Callable[[int], None]], t0: float,
+                    state: dict[str, bool]) -> PrepareResult:
+    """Encode into temporaries in DATA_DIR, check them, then publish: meta.json last (OSError on a failed write)."""
+    out.mkdir(parents=True, exist_ok=True)    # a DATA_DIR is nanoplan's own directory: made with its parents
     stale = clean_stale_temporaries(out)      # left by a prepare-data killed mid-write
     t_enc = time.perf_counter()
     writers = {s: _BinWriter(out, f"{s}.bin", dtype) for s in ("train", "val")}
@@ -356,6 +356,7 @@ def prepare_data(inputs: list[str], out_dir: str | Path, tokenizer: str = "byte"
         for tmp, _ in extra:
             tmp.unlink(missing_ok=True)
         raise
+    state["published"] = True
     (out / "meta.json").unlink(missing_ok=True)  # a DATA_DIR without meta.json is incomplete
     for w in writers.values():
         w.commit()

@@ -36,7 +36,8 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -157,20 +158,62 @@ def check_probe_paths(work: Path, out: Path | None) -> None:
             raise ProbeWriteError(_write_problem_line(Path(e.filename or d), e)) from None
 
 
+@contextmanager
+def probe_locks(work: Path, out: Path | None, *, run_dirs: bool = True) -> Iterator[None]:
+    """Hold DIR's probe lock, and (run_dirs) the launch lock of each run dir the probe writes into: DIR's parent
+    when DIR is RUN/probe, --out's folder when --out is RUN/plan.probed.json, or either folder when it looks like
+    a run dir (runner/runlock.py). A holder refuses the probe before it touches anything: PlanError, exit 2; a
+    folder it cannot write there: ProbeWriteError, exit 4."""
+    from runner.runlock import (  # noqa: PLC0415
+        LAUNCH_LOCK,
+        PROBE_LOCK,
+        TRAIN_LOCK,
+        RunDirBusy,
+        RunLock,
+        looks_like_run_dir,
+    )
+    from runner.runlock import probe as holder_of  # noqa: PLC0415
+
+    targets: list[tuple[str, Path, str]] = [("--dir", work, PROBE_LOCK)]
+    if run_dirs:
+        for option, d, ours in (("--dir", work.parent, work.name == PROBE_DIR),
+                                ("--out", out.parent if out is not None else None,
+                                 out is not None and out.name == PROBED_PLAN)):
+            if d is not None and (ours or looks_like_run_dir(d)) and all(d != t[1] for t in targets[1:]):
+                targets.append((option, d, LAUNCH_LOCK))
+    held: list[Any] = []
+    try:
+        for option, d, name in targets:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                held.append(RunLock.acquire(d, name, "nanoplan probe"))
+                busy = holder_of(d, TRAIN_LOCK) if name == LAUNCH_LOCK else None
+                if busy is not None:                 # workers of a launcher killed with -9 still train there
+                    raise RunDirBusy(d, busy)
+            except RunDirBusy as e:
+                raise PlanError(option, f"{e}; the probe would replace what that process uses",
+                                f"wait for it to end, or give the probe another {option}") from None
+            except OSError as e:                     # a place it cannot write: exit 4, as check_probe_paths says
+                raise ProbeWriteError(_write_problem_line(Path(e.filename or d / name), e)) from None
+        yield
+    finally:
+        for lock in reversed(held):
+            lock.release()
+
+
 def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path, data: str | None = None,
           warmup: int = DEFAULT_WARMUP, steps: int = DEFAULT_STEPS, trial_timeout_s: float = DEFAULT_TRIAL_TIMEOUT_S,
           timeout_s: float = DEFAULT_TIMEOUT_S, force: bool = False, charge: bool = True,
-          log: Callable[[str], None] = print) -> ProbeResult:
+          log: Callable[[str], None] = print, lock_run_dirs: bool = True) -> ProbeResult:
     """Probe `plan_path` on this machine; write probe.json, the calibrated profile and the corrected plan.
 
     `charge`: take the probe's cost off the corrected plan's hours or dollars (`nanoplan probe`). False
     under `nanoplan run --probe`, whose launch clock counts the probe already (it must be charged once).
+    `lock_run_dirs`: also lock a run dir the probe writes into (probe_locks); False under `run --probe`,
+    whose launch holds that lock already.
     ProbeWriteError (exit 4) when a place it writes cannot be written, checked before the first trial.
     """
-    from planner import probe as pp  # noqa: PLC0415
-    from planner.calibrate import write_profile  # noqa: PLC0415
-    from planner.plan import plan_hash  # noqa: PLC0415
-    from runner.clock import Clock, deadline_seconds  # noqa: PLC0415
+    from runner.clock import Clock  # noqa: PLC0415
     from runner.preflight import check_data, check_devices, resolve_data_dir  # noqa: PLC0415
 
     if warmup < 1 or steps < 1:
@@ -192,6 +235,20 @@ def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path
     data_dir = resolve_data_dir(plan, data, plan_path).resolve()
     check_data(plan, data_dir)
     work = Path(work_dir)
+    with probe_locks(work, Path(out) if out is not None else None, run_dirs=lock_run_dirs):
+        return _probe_locked(plan, plan_path, out, work, data_dir, clock, warmup, steps, trial_timeout_s, timeout_s,
+                             force, charge, log)
+
+
+def _probe_locked(plan: Plan, plan_path: str | Path, out: str | Path | None, work: Path, data_dir: Path, clock: Any,
+                  warmup: int, steps: int, trial_timeout_s: float, timeout_s: float, force: bool, charge: bool,
+                  log: Callable[[str], None]) -> ProbeResult:
+    """The trials, the choice and the files, with the probe's locks held (probe_locks)."""
+    from planner import probe as pp  # noqa: PLC0415
+    from planner.calibrate import write_profile  # noqa: PLC0415
+    from planner.plan import plan_hash  # noqa: PLC0415
+    from runner.clock import deadline_seconds  # noqa: PLC0415
+
     check_probe_paths(work, Path(out) if out is not None else None)
     env = trial_env(plan)
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
@@ -312,9 +369,9 @@ def trial_line(rec: dict[str, Any]) -> str:
 
 
 def probed_plan_to_resume(run_dir: str | Path) -> Path | None:
-    """RUN_DIR/plan.probed.json when RUN_DIR's newest checkpoint is of that plan (a resumed or restarted
-    `run --probe`), else None."""
-    from planner.plan import plan_hash  # noqa: PLC0415
+    """RUN_DIR/plan.probed.json when RUN_DIR's newest checkpoint is of that plan, or of it with another
+    checkpoint cadence or keep_last (a resumed or restarted `run --probe`), else None."""
+    from planner.plan import budget_key, plan_hash  # noqa: PLC0415
     from runner.checkpoint_layout import complete_steps, step_dir  # noqa: PLC0415
     from runner.checkpoint_meta import read_meta  # noqa: PLC0415
 
@@ -323,7 +380,8 @@ def probed_plan_to_resume(run_dir: str | Path) -> Path | None:
     done = complete_steps(rdir)
     if out.is_file() and not out.is_symlink() and done:
         meta = read_meta(step_dir(rdir, done[-1])) or {}
-        if meta.get("plan_hash") == plan_hash(load_plan(out)):
+        probed = load_plan(out)
+        if meta.get("plan_hash") == plan_hash(probed) or meta.get("train_hash") == budget_key(probed):
             return out
     return None
 
@@ -342,4 +400,5 @@ def probe_for_run(plan_path: str | Path, run_dir: str | Path, *, data: str | Non
     if probed_plan_to_resume(rdir) is not None:
         log(f"probe: {rdir} holds checkpoints of {out}; resuming it without a new probe")
         return out, None
-    return out, probe(plan_path, out=out, work_dir=rdir / PROBE_DIR, data=data, force=force, charge=False, log=log)
+    return out, probe(plan_path, out=out, work_dir=rdir / PROBE_DIR, data=data, force=force, charge=False, log=log,
+                      lock_run_dirs=False)      # the launch holds the run dir's lock

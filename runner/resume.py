@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from planner.errors import PlanError, echo
-from planner.plan import Plan
+from planner.plan import Plan, budget_key
 from runner import ledger
 from runner.checkpoint import set_rng_state
 from runner.checkpoint_layout import complete_steps, list_steps, step_dir
@@ -38,7 +38,7 @@ def _crafted(ckdir: Path) -> str:
             f"{ckdir.parent} to resume from an earlier checkpoint, or use another --run-dir")
 
 
-def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float, float]:
+def _launch_carry_h(run_dir: Path, phash: str, key: str | None = None) -> tuple[float | None, float, float]:
     """(hours this launch carried in, if known; hours the run dir's launch records add up to;
     real seconds of the launch's start-up that its first attempt counted 1:1).
 
@@ -50,7 +50,7 @@ def _launch_carry_h(run_dir: Path, phash: str) -> tuple[float | None, float, flo
     recs = ledger.read_ledger(run_dir)
     live = ledger.live_record(run_dir, recs)      # this launch, recorded by node rank 0's launcher
     own = next((r for r in recs if job and r["id"] == job), None) or live
-    total_h = ledger.ledger_total_s(recs, phash, skip={job, live["id"] if live else None}) / 3600.0
+    total_h = ledger.ledger_total_s(recs, phash, skip={job, live["id"] if live else None}, key=key) / 3600.0
     segs = (read_run_info(run_dir) or {}).get("segments") or []
     segs = segs if isinstance(segs, list) else []
     s = restart_carried_s(segs, launch_job(), restart_count())
@@ -79,7 +79,7 @@ def decide_resume(plan: Plan, phash: str, run_dir: Path, resume: bool, force: bo
     try:
         steps = list_steps(run_dir)
         restarted = restart_count() > 0
-        launch_h, ledger_h, first_age = _launch_carry_h(run_dir, phash)
+        launch_h, ledger_h, first_age = _launch_carry_h(run_dir, phash, budget_key(plan))
         if restarted and launch_h is not None:   # + everything since the launch began: the clock restarts at 0
             # the first attempt's start-up counted 1:1, the rest of the launch × the scale (a test hook)
             age = clock.launch_age

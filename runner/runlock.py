@@ -10,6 +10,11 @@ second process lock a new file of the same name):
 - ``.nanoplan.train.lock`` is held by the rank-0 worker from before it reads or cleans the run
   dir until it exits. It refuses a second plain `torchrun ... -m runner.train` on the run dir,
   and tells `nanoplan run` about workers left over from a launcher killed with -9.
+- ``.nanoplan.probe.lock`` in a probe's DIR is held by `nanoplan probe` (and `run --probe`) while it
+  probes: a second probe on the same DIR is refused before it touches a trial. A standalone
+  `nanoplan probe` that writes into a run dir (its DIR is RUN/probe, or its --out RUN/plan.probed.json,
+  or the folder looks like a run dir) also holds that run dir's ``.nanoplan.lock``, as `nanoplan run`
+  does: a live run refuses it, and it refuses a launch (issue 30 #3).
 
 Each holder writes who it is ({"pid", "host", "role", "since"}) into its lock file, in place
 (not by rename: the lock belongs to the file's inode). Plain Python, no torch.
@@ -26,7 +31,14 @@ from pathlib import Path
 
 LAUNCH_LOCK = ".nanoplan.lock"
 TRAIN_LOCK = ".nanoplan.train.lock"
+PROBE_LOCK = ".nanoplan.probe.lock"
 LOCK_FILES = (LAUNCH_LOCK, TRAIN_LOCK)
+RUN_MARKERS = (LAUNCH_LOCK, TRAIN_LOCK, "launches.json", "run_info.json", "checkpoints")   # a run dir holds one
+
+
+def looks_like_run_dir(d: Path) -> bool:
+    """Whether `d` is (or was) a run dir of `nanoplan run`: it holds one of RUN_MARKERS."""
+    return any(os.path.lexists(d / m) for m in RUN_MARKERS)
 
 
 def launch_lock_name(node_rank: int = 0) -> str:

@@ -16,6 +16,11 @@ import numpy as np
 
 BPE_MIN_VOCAB = 257          # the 256 byte symbols plus at least one merge
 BPE_PIECE_CHARS = 1 << 16    # text piece size handed to encode_batch (parallel in Rust)
+# The longest pre-token BPE sees (bytes): `tokenizers`' BPE trainer is quadratic in a word's length, and a
+# run of one character is one GPT-2 pre-token (0.5 MB of 'a' took 97 s, a 250 KB DNA line 15 s: issue 30
+# #7). Longer runs are cut into pieces of this many bytes, in the tokenizer's own pipeline (tokenizer.json),
+# so training, encoding and every later reader cut alike; no real vocabulary has a longer token.
+BPE_MAX_WORD = 256
 MAX_CARRY_CHARS = 1 << 24    # give up waiting for a safe cut after this many characters
 
 
@@ -251,13 +256,16 @@ class BpeTokenizer:
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int, length: int | None = None) -> BpeTokenizer:
-        """Train locally on a stream of texts; nothing is downloaded."""
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
+        """Train locally on a stream of texts; nothing is downloaded. Pre-tokens are GPT-2's, cut into pieces of
+        at most BPE_MAX_WORD bytes (linear time on a long run of one character)."""
+        from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
 
         if vocab_size < BPE_MIN_VOCAB:
             raise ValueError(f"BPE vocab_size must be at least {BPE_MIN_VOCAB}, got {vocab_size}")
         tok = Tokenizer(models.BPE())
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.pre_tokenizer = pre_tokenizers.Sequence([   # after ByteLevel one character is one byte
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+            pre_tokenizers.Split(Regex(f".{{1,{BPE_MAX_WORD}}}"), behavior="isolated")])
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), special_tokens=[])
@@ -271,7 +279,9 @@ class BpeTokenizer:
         return cls(Tokenizer.from_file(str(path)))
 
     def save(self, path: str | Path) -> None:
-        self.tok.save(str(path))
+        """tokenizer.json (what `tokenizers` writes), through Python's file API: a failed write is an OSError."""
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.tok.to_str(pretty=True))
 
     def encode(self, text: str) -> np.ndarray:
         if not text:

@@ -3,11 +3,13 @@ run, the probe included. The real wall time summed over every launch stays withi
 start-up, the run's own records count that time, and the LR ends its warmdown.
 
 One seeded scenario runs in CI (NANOPLAN_PROMISE_SEED picks another; NANOPLAN_PROMISE_BUDGET_S the
-budget). Each launch is a real `nanoplan run --probe` (2 CPU workers over gloo under torchrun): the
-first probes the plan, and is killed with -9 while it trains, either its launcher alone (torchrun and
-the workers then checkpoint and stop on their own: orphans) or every process; the second is stopped
-(SIGSTOP of every process) for a few seconds and then killed the other way; the third is stopped too,
-and then runs to the deadline; a fourth, on the spent run, must start nothing. A launch's real time runs from its start
+budget). Each launch is a real `nanoplan run` (2 CPU workers over gloo under torchrun): the first,
+with --probe, probes the plan, and is killed with -9 while it trains, either its launcher alone (torchrun
+and the workers then checkpoint and stop on their own: orphans) or every process; the second (--probe:
+it resumes the probed plan) is stopped (SIGSTOP of every process) for a few seconds and then killed the
+other way; the third runs the probed plan with another checkpoint cadence and keep_last (issue 30 #2: a
+changed cadence laundered the budget), is stopped too, and then runs to the deadline; a fourth, `run
+--probe` of the first plan on the spent run, must start nothing. A launch's real time runs from its start
 until the last of its processes is gone, orphans included.
 """
 
@@ -29,6 +31,7 @@ from runner import ledger, runlock
 from runner.launcher import child_pids, pid_alive
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, runner_env
+from tests.test_budget_key import recadenced
 from tests.test_reliability_faults import wait_for
 
 pytestmark = pytest.mark.slow
@@ -43,14 +46,14 @@ ROOM_AFTER_STALL_S = 8.0        # the last launch's stall leaves this much budge
 class Launch:
     """One `nanoplan run --probe`, with every process it ever had (polled), and its real time."""
 
-    def __init__(self, plan: Path, run: Path, n: int) -> None:
+    def __init__(self, plan: Path, run: Path, n: int, probe: bool = True) -> None:
         self.run = run
         self.log = run.parent / f"launch{n}.log"          # its output (a file: a pipe left unread could block it)
         self.t0 = time.monotonic()
         with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), "--probe", "--run-dir",
-                                          str(run)], cwd=REPO, env=runner_env(), stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), *(["--probe"] if probe
+                                          else []), "--run-dir", str(run)], cwd=REPO, env=runner_env(), stdout=log,
+                                         stderr=subprocess.STDOUT, start_new_session=True)
         self.pids: set[int] = {self.proc.pid}
         self.end: float | None = None
 
@@ -153,7 +156,9 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
         real.append(second.wait_gone())
         log.append(f"2: stall of {stall:.1f} s, kill -9 of {kinds[1]} at {real[-1]:.1f} s")
 
-        third = Launch(plan, run, 3)                         # stalled, then on to the deadline
+        # the probed plan with another cadence and keep_last: the same run, so the same budget (issue 30 #2)
+        changed = recadenced(run / "plan.probed.json", tmp_path / "recadenced.json", minutes=0.08, keep_last=4)
+        third = Launch(changed, run, 3, probe=False)        # stalled, then on to the deadline
         launches.append(third)
         start_up = third.first_row(segments(run))
         pause, stall3 = rng.uniform(0.5, 2.0), rng.uniform(2.0, 4.0)
@@ -163,7 +168,8 @@ def test_random_kills_stalls_and_relaunches_keep_the_budget(tmp_path: Path, tiny
         third.proc.wait(timeout=BUDGET_S * 2)
         real.append(third.wait_gone())
         assert third.proc.returncode == 0, third.output()[-3000:]
-        log.append(f"3: start-up {start_up:.1f} s, stall of {stall3:.1f} s, to the deadline in {real[-1]:.1f} s")
+        log.append(f"3: another cadence, start-up {start_up:.1f} s, stall of {stall3:.1f} s, to the deadline in "
+                   f"{real[-1]:.1f} s")
         counted = ledger.read_ledger(run)[-1]
 
         segs = segments(run)

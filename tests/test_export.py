@@ -208,8 +208,9 @@ def test_skypilot_yaml_fields(plan_dir: Path, capsys, tmp_path: Path) -> None:
     task = yaml.safe_load(text)
     assert task["name"] == "nanoplan-d20" and task["workdir"] == "."
     assert task["num_nodes"] == 2
-    assert task["resources"] == {"accelerators": "H100:8"}
-    assert task["file_mounts"] == {"/checkpoints": {"source": BUCKET, "mode": "MOUNT"}}
+    assert task["resources"] == {"accelerators": "H100:8", "max_hourly_cost": 31.6,      # 8 x $3.95 (modal)
+                                 "autostop": {"idle_minutes": 5, "down": True}}
+    assert task["file_mounts"] == {"/checkpoints": {"source": BUCKET, "mode": "MOUNT_CACHED"}}
     assert task["envs"] == {"MASTER_PORT": "29500", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(grace_seconds(
         load_plan(plan_dir / "plan.json")) - 30)}
     assert 'pip install "torch==2.13.0"' in task["setup"] and "pip install -e ." in task["setup"]

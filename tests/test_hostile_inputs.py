@@ -161,7 +161,7 @@ def test_skypilot_export_yields_only_the_expected_keys_and_values(gpu_plan_doc: 
     good_text = skypilot_task(_hostile_plan(gpu_plan_doc, BENIGN), "plan.json", bucket="s3://bucket/" + BENIGN)
     bad, good = yaml.safe_load(bad_text), yaml.safe_load(good_text)
     assert list(bad) == ["name", "workdir", "num_nodes", "resources", "envs", "file_mounts", "setup", "run"]
-    assert bad["file_mounts"] == {SKYPILOT_MOUNT: {"source": bucket, "mode": "MOUNT"}}
+    assert bad["file_mounts"] == {SKYPILOT_MOUNT: {"source": bucket, "mode": "MOUNT_CACHED"}}
     for key in ("workdir", "num_nodes", "resources", "envs", "setup"):
         assert bad[key] == good[key]
     assert bad["name"].startswith("nanoplan-") and shlex.quote(bad["name"]) == bad["name"]

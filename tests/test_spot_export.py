@@ -7,6 +7,7 @@ the run dir holds a complete checkpoint."""
 
 from __future__ import annotations
 
+import math
 import shlex
 import subprocess
 from pathlib import Path
@@ -24,8 +25,9 @@ from tests.test_export import BUCKET, RECORD_ARGV, cli, job_env, sbatch_lines, s
 
 
 def spot_plan(gpu: str = "2x8xH100", spot: bool = True) -> Plan:
+    """A spot plan needs a data directory to be exported (issue 28: its job stopped at the preflight)."""
     return build_plan(PlanRequest(gpu=gpu, profile=find_profile("H100"), model=nanochat(20), hours=10.0,
-                                  spot=SpotRequest() if spot else None))
+                                  spot=SpotRequest() if spot else None, data_dir="data/tokens"))
 
 
 @pytest.fixture(scope="module")
@@ -46,9 +48,12 @@ def test_skypilot_spot_is_a_managed_spot_job_that_resumes(plan_dir: Path, capsys
     code, text, err = cli(["export", "spot.json", "--skypilot", "--spot", "--bucket", BUCKET], capsys, plan_dir)
     assert code == 0, err
     task = yaml.safe_load(text)
-    assert task["resources"] == {"accelerators": "H100:8", "use_spot": True}
+    plan = spot_plan()
+    node_usd = plan.hardware.gpus_per_node * plan.hardware.usd_per_gpu_hour    # the spot price, per node-hour
+    assert task["resources"] == {"accelerators": "H100:8", "use_spot": True,
+                                 "max_hourly_cost": math.ceil(node_usd * 100) / 100}
     assert task["num_nodes"] == 2
-    assert task["file_mounts"] == {"/checkpoints": {"source": BUCKET, "mode": "MOUNT"}}
+    assert task["file_mounts"] == {"/checkpoints": {"source": BUCKET, "mode": "MOUNT_CACHED"}}
     assert "sky jobs launch" in text.split("\nname:")[0]
     (tmp_path / "run.sh").write_text(task["run"])
     assert subprocess.run(["bash", "-n", str(tmp_path / "run.sh")]).returncode == 0

@@ -100,10 +100,11 @@ def request_for_row(row) -> PlanRequest:
                        total_batch_tokens=c.device_batch_size * c.dp * c.grad_accum_steps * c.spec.seq_len,
                        precision=c.precision, optimizer=c.optimizer, strategy=c.strategy,
                        activation_checkpointing=c.activation_checkpointing, ac_every=c.ac_every, ac_policy=c.ac_policy,
-                       fp8=c.fp8, loss_chunk_tokens=c.loss_chunk_tokens, compile=c.compile, steps=10)
+                       fp8=c.fp8, loss_chunk_tokens=c.loss_chunk_tokens, compile=c.compile, steps=10, tp=c.tp,
+                       sequence_parallel=c.sequence_parallel)
 
 
-@pytest.mark.parametrize("row", [r for r in RUNS.values() if r.tp_degree == 1], ids=lambda r: r.id)
+@pytest.mark.parametrize("row", list(RUNS.values()), ids=lambda r: r.id)
 def test_no_public_run_that_ran_is_refused_or_exits_1(row) -> None:
     """Through the whole plan: a run that ran is not refused (plan.memory.fits) and validate exits 0; one that ran
     out of memory is never the verdict "fits". Before, the tight ones (nanochat d20 B32, MPT-1B on A100-40GB, Llama 2

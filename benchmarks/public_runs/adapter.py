@@ -75,6 +75,9 @@ class RowInputs:
 
 
 NANOCHAT_VERSION = {"nanochat-2025-10": "2025-10", "nanochat-2026-01": "2026-07"}   # arch -> trainer version
+# trainers whose tensor parallelism is sequence-parallel: torchtitan applies SequenceParallel() to every block's norms
+# (`apply_tp`: torchtitan/parallelisms/parallelize_llama.py at 9dec370, torchtitan/models/llama3/ at 820504e)
+SEQUENCE_PARALLEL = ("torchtitan",)
 
 
 def trainer_of(r: PublicRun) -> TrainerRef | None:
@@ -189,6 +192,9 @@ def inputs(r: PublicRun, *, baseline: bool = False) -> RowInputs:
     notes: list[str] = []
     strategy = {"fsdp+tp": "fsdp"}.get(r.strategy, r.strategy)
     if r.tp_degree > 1:
+        if r.trainer not in SEQUENCE_PARALLEL:
+            raise ValueError(f"{r.id}: whether {r.trainer} runs tensor parallelism with sequence parallelism is not "
+                             "recorded (SEQUENCE_PARALLEL)")
         notes.append(f"--tp {r.tp_degree}" + (" (async TP planned as TP)" if r.async_tp else ""))
     ac = r.activation_checkpointing
     kw: dict = {}

@@ -3,13 +3,17 @@
 Usage: python benchmarks/fit_memory.py
 
 For every calibration row of benchmarks/public_runs/runs.yaml that publishes max_memory_reserved, the planner's
-allocated peak for that row (benchmarks/public_runs/adapter.py) is set against the reading: reserved / allocated
-- 1 is what the caching allocator held beyond the allocations, plus the planner's own error on a trainer that is
-not nanoplan's runner. Rows the planner over-predicts by more than 10% (reserved / allocated < 0.9: the FP8 rows
-with FP8 all-gather, which the planner does not model) say nothing about the allocator and are left out. The
-fragmentation the verdict adds is the mean + 2 standard deviations of the others' reserved / allocated - 1: a
-margin that covers the allocator and the planner's error on all of them, and is not any one row's value.
-Held-out rows are only reported.
+allocated peak for that row (benchmarks/public_runs/adapter.py `memory_of_row`, tensor-parallel rows with their
+--tp) is set against the reading: reserved / allocated - 1 is what the caching allocator held beyond the
+allocations, plus the planner's own error on a trainer that is not nanoplan's runner. A row says something about
+the allocator only where the planner's allocated peak is within 10% of the reading either way (0.9 <= reserved /
+allocated <= 1 / 0.9): all of these rows are torchtitan runs launched with expandable_segments:True, whose
+allocator keeps little beyond its allocations, so a gap beyond 10% is the planner's. Below the band the planner
+over-predicts (the FP8 rows with FP8 all-gather, which it does not model); above it, it under-predicts (the 32k-token
+row, and the 70B tensor-parallel rows: not explained yet, docs/memory.md). Those rows are listed as the memory
+model's errors, not fitted. The fragmentation the verdict adds is the mean + 2 standard deviations of the in-band rows'
+reserved / allocated - 1: a margin that covers the allocator and the planner's error on all of them, and is not any
+one row's value. Held-out rows are only reported.
 
 Then the verdict on every public row (planner/fit_verdict.py, benchmarks/public_runs/adapter.py `predict`), by
 outcome: a run that ran must not be "does not fit" (the only verdict that refuses, and exits 1), one that ran out of
@@ -24,9 +28,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.public_runs.adapter import inputs, measured_memory_bytes  # noqa: E402
+from benchmarks.public_runs.adapter import inputs, measured_memory_bytes, memory_of_row  # noqa: E402
 from benchmarks.public_runs.schema import load_runs  # noqa: E402
-from planner.memory import estimate  # noqa: E402
+from planner.profiles import FRAGMENTATION  # noqa: E402
 
 
 def pairs(split: str) -> list[tuple[str, int, int]]:
@@ -34,17 +38,27 @@ def pairs(split: str) -> list[tuple[str, int, int]]:
     out = []
     for r in load_runs():
         b, kind = measured_memory_bytes(r)
-        if r.split != split or kind != "max_memory_reserved" or r.tp_degree > 1 or b is None:
+        if r.split != split or kind != "max_memory_reserved" or b is None:
             continue
-        out.append((r.id, estimate(inputs(r).mem_cfg).allocated_peak, b))
+        out.append((r.id, memory_of_row(inputs(r)).allocated_peak, b))
     return out
 
 
-INFORMATIVE = 0.9      # reserved / allocated below this: the planner over-predicts the row; left out
+INFORMATIVE = 0.9      # reserved / allocated outside [0.9, 1 / 0.9]: the gap is the planner's; listed, not fitted
+
+
+def informative(ratio: float) -> bool:
+    return INFORMATIVE <= ratio <= 1.0 / INFORMATIVE
 
 
 def margin(xs: list[float]) -> float:
     return statistics.mean(xs) + 2 * statistics.stdev(xs)
+
+
+def fitted_margin() -> tuple[float, list[float]]:
+    """The fragmentation margin and the in-band calibration rows' reserved / allocated - 1 it comes from."""
+    cal = [res / alloc - 1 for _, alloc, res in pairs("calibration") if informative(res / alloc)]
+    return margin(cal), cal
 
 
 def main() -> int:
@@ -52,11 +66,14 @@ def main() -> int:
         rows = pairs(split)
         print(f"{split}: {len(rows)} rows with max_memory_reserved")
         for rid, alloc, res in rows:
-            print(f"  {rid:48s} allocated {alloc / 2**30:6.1f} GiB  reserved {res / 2**30:6.1f} GiB  "
-                  f"ratio {res / alloc:.3f}")
-    cal = [res / alloc - 1 for _, alloc, res in pairs("calibration") if res / alloc >= INFORMATIVE]
+            tag = "" if informative(res / alloc) else ("  (planner over-predicts: not fitted)" if res < alloc
+                                                       else "  (planner under-predicts: not fitted)")
+            print(f"  {rid:62s} allocated {alloc / 2**30:6.1f} GiB  reserved {res / 2**30:6.1f} GiB  "
+                  f"ratio {res / alloc:.3f}{tag}")
+    m, cal = fitted_margin()
     print(f"fragmentation = mean + 2 sd of reserved / allocated - 1 over the {len(cal)} calibration rows with a ratio "
-          f">= {INFORMATIVE}: {margin(cal):.4f} (mean {statistics.mean(cal):.4f}, sd {statistics.stdev(cal):.4f})")
+          f"in [{INFORMATIVE}, {1 / INFORMATIVE:.3f}]: {m:.4f} (mean {statistics.mean(cal):.4f}, "
+          f"sd {statistics.stdev(cal):.4f}); planner/profiles.py FRAGMENTATION = {FRAGMENTATION:.4f}")
     print()
     return verdicts()
 
@@ -83,30 +100,7 @@ def verdicts() -> int:
     print(f"  of which with a memory reading or an out-of-memory outcome: {memory_rows}")
     print(f"wrong verdicts: {len(wrong)}")
     print("\n".join(wrong))
-    tensor_parallel_rows()
     return 1 if wrong else 0
-
-
-def tensor_parallel_rows() -> None:
-    """The rows with tensor parallelism under the planner's own TP model (planner/memory_parallel.py, sequence
-    parallel as torchtitan runs it) against their reading; the adapter's verdict above treats a TP group as one
-    device (tp_merged), which gives the same allocation with sequence parallelism."""
-    from dataclasses import replace  # noqa: PLC0415
-
-    from benchmarks.public_runs.adapter import gpu_variant  # noqa: PLC0415
-    from planner.fit_verdict import verdict_for  # noqa: PLC0415
-    from planner.profiles import find_profile, parse_gpu_spec  # noqa: PLC0415
-
-    for r in load_runs():
-        if r.tp_degree <= 1:
-            continue
-        prof = gpu_variant(r, find_profile(r.gpu))
-        hw = parse_gpu_spec(f"{r.nodes}x{r.gpus_per_node}x{prof.name}", profile=prof)
-        alloc = estimate(replace(inputs(r).mem_cfg, tp=r.tp_degree)).allocated_peak
-        b, kind = measured_memory_bytes(r)
-        got = f", {kind} {b / 2**30:.1f} GiB" if b else ""
-        print(f"tensor parallel {r.id}: TP {r.tp_degree} x dp {r.dp_degree}, {alloc / 2**30:.1f} GiB allocated per GPU"
-              f"{got}: {verdict_for(alloc, hw).verdict} ({r.outcome})")
 
 
 if __name__ == "__main__":

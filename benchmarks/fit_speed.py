@@ -5,8 +5,8 @@ Usage: python benchmarks/fit_speed.py [--rounds 8]
 Objective: the sum over calibration rows with a measured speed of |log(predicted / measured tokens/s)| (least
 absolute deviations: the median error is what the model is judged on, and one row far off, such as the power-limited
 B200 ones, must not drag every other row of its GPU generation), the planner's prediction made by
-benchmarks/public_runs/adapter.py. Held-out rows are never read. Rows the planner only approximates (tensor
-parallelism, hybrid sharding: schema field `awaits`) are left out of the fit.
+benchmarks/public_runs/adapter.py. Held-out rows are never read. Tensor-parallel rows count like the others (planned
+with --tp, as the planner plans them).
 
 Method (no scipy, deterministic): coordinate descent. Each round, for each constant in turn, a grid of 41 values
 over its range, then a golden-section refinement around the best grid point; rounds repeat until no constant
@@ -48,7 +48,7 @@ START = SpeedConstants(matmul_efficiency=0.8, matmul_efficiency_ampere=0.8, atte
 def fit_rows(runs: list[PublicRun]) -> list[tuple[PublicRun, float]]:
     out = []
     for r in runs:
-        if r.split != "calibration" or r.tp_degree > 1 or r.awaits is not None:
+        if r.split != "calibration":
             continue
         m, _ = measured_tokens_per_s(r)
         if m:
@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=8)
     a = ap.parse_args(argv)
     rows = fit_rows(load_runs())
-    print(f"{len(rows)} calibration rows with a measured speed (tensor-parallel rows left out)")
+    print(f"{len(rows)} calibration rows with a measured speed")
     print(f"in use ({', '.join(f'{n}={v:g}' for n, v in asdict(DEFAULT).items())}): {summary(rows, DEFAULT)}")
     k = fit(rows, START, a.rounds)
     print(f"fitted: {summary(rows, k)}")

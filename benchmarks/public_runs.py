@@ -45,7 +45,7 @@ def row_lines(preds: list[Prediction]) -> list[list[str]]:
         r = p.row
         g = r.total_gpus
         err = p.error
-        out.append([r.id, f"({r.awaits})" if r.awaits else r.split[:4], f"{r.nodes}x{r.gpus_per_node}x{r.gpu}",
+        out.append([r.id, r.split[:4], f"{r.nodes}x{r.gpus_per_node}x{r.gpu}",
                     _fmt_k(p.measured / g if p.measured else None), _fmt_k(p.tokens_per_s / g),
                     f"{err:+.1%}" if err is not None else "-", f"{p.mfu:.1%}", f"{p.allocated / 2**30:.1f}",
                     _mem(r), r.outcome, p.verdict,
@@ -93,12 +93,15 @@ def bias_lines(sped: list[Prediction]) -> list[str]:
     return out
 
 
-def coverage_line(sped: list[Prediction]) -> str:
-    """How often the P10–P90 band a plan would print holds the measured tokens/s: each row's band is built from
-    every other row's held-out error (planner/speed_errors.py), never its own."""
+def coverage(sped: list[Prediction]) -> tuple[int, int, int]:
+    """(rows whose P10–P90 band holds the measured tokens/s, rows with a band, rows without one). Each row's band is
+    built from every other row's error in planner/speed_errors.py, never its own, and a row is judged by its error
+    there (a calibration row's cross-validated one: no constant it was fitted to)."""
+    import math  # noqa: PLC0415
 
     from planner.uncertainty import RUNS, band_for, kind_of  # noqa: PLC0415
 
+    unseen = {r.id: r.log_error for r in RUNS}
     inside = total = none = 0
     for p in sped:
         trainer = p.inputs.trainer.name if p.inputs.trainer is not None else p.row.trainer
@@ -108,10 +111,58 @@ def coverage_line(sped: list[Prediction]) -> str:
             none += 1
             continue
         total += 1
-        inside += band.lo <= 1.0 / (1.0 + p.error) <= band.hi  # type: ignore[operator]
+        e = unseen.get(p.row.id)
+        ratio = math.exp(-e) if e is not None else 1.0 / (1.0 + p.error)  # type: ignore[operator]
+        inside += band.lo <= ratio <= band.hi
+    return inside, total, none
+
+
+def coverage_line(sped: list[Prediction]) -> str:
+    inside, total, none = coverage(sped)
     share = f"{inside / total:.0%}" if total else "-"
     return (f"P10-P90 bands (each row's own error left out): hold the measured tokens/s for {inside} of {total} rows "
             f"({share}); {none} rows on GPUs with too few comparable runs get no band")
+
+
+def _unproven(gpu: str) -> bool:
+    """The GPU's speed is marked unproven (its profile's public check is off by more than SPEED_CHECK_TOL)."""
+    from planner.profiles import find_profile, speed_off  # noqa: PLC0415
+
+    return speed_off(find_profile(gpu)) is not None
+
+
+def targets_lines(preds: list[Prediction]) -> list[str]:
+    """Issue 29's Done-when bars, each with what this run measures and whether it is met."""
+    sped = [p for p in preds if p.error is not None]
+    held = [p for p in sped if p.row.split == "heldout"]
+    cal = [p for p in sped if p.row.split == "calibration"]
+    ok = lambda b: "met" if b else "NOT MET"  # noqa: E731
+    med = lambda ps: statistics.median(p.error for p in ps) if ps else 0.0  # type: ignore[misc]  # noqa: E731
+
+    def pick(ps: list[Prediction], f: Callable[[Prediction], bool]) -> list[Prediction]:
+        return [p for p in ps if f(p)]
+
+    m = _median_abs(p.error for p in held)  # type: ignore[misc]
+    out = ["issue 29's bars:", f"  held-out median |error| <= 5%: {m:.1%} ({ok(m <= 0.05)})"]
+    proven = [p for p in sped if not _unproven(p.row.gpu)]
+    worst = max(proven, key=lambda p: abs(p.error or 0))
+    over = [p for p in proven if abs(p.error or 0) > 0.20]
+    out.append(f"  no row worse than 20% (GPUs not marked speed-unproven): worst {worst.error:+.1%} {worst.row.id} "
+               f"({ok(not over)}{': ' + ', '.join(p.row.id for p in over) if over else ''})")
+    for label, f in (("H100 compiled", lambda p: p.row.gpu == "H100-SXM" and _speed_compiled(p)),
+                     ("H100 eager", lambda p: p.row.gpu == "H100-SXM" and not _speed_compiled(p))):
+        h, c = med(pick(held, f)), med(pick(cal, f))
+        out.append(f"  {label} median error within +-5%: held-out {h:+.1%} ({ok(abs(h) <= 0.05)}), calibration "
+                   f"{c:+.1%} ({ok(abs(c) <= 0.05)})")
+    nc = lambda p: p.row.trainer == "nanochat"  # noqa: E731
+    h, c = med(pick(held, nc)), med(pick(cal, nc))
+    out.append(f"  nanochat rows within 10% (--trainer nanochat): held-out median {h:+.1%} ({ok(abs(h) <= 0.10)}), "
+               f"calibration {c:+.1%} ({ok(abs(c) <= 0.10)})")
+    i, t, _ = coverage(held)
+    out.append(f"  P10-P90 bands hold 75-85% of held-out rows: {i} of {t} ({i / t:.0%}, {ok(0.75 <= i / t <= 0.85)})")
+    wrong = sum(1 for p in preds if not p.verdict_ok)
+    out.append(f"  0 wrong fit verdicts: {wrong} ({ok(wrong == 0)})")
+    return out
 
 
 def summary(preds: list[Prediction], name: str, list_wrong: bool = True) -> list[str]:
@@ -159,18 +210,14 @@ def table_md(rows: list[list[str]], head: list[str]) -> str:
 def run(runs_file: str | None, baseline: bool) -> tuple[list[Prediction], str, str]:
     runs = load_runs(runs_file)
     preds = [predict(r, baseline=baseline) for r in runs]
-    preds.sort(key=lambda p: (p.row.awaits is not None, p.row.split != "heldout", p.row.gpu, p.row.id))
+    preds.sort(key=lambda p: (p.row.split != "heldout", p.row.gpu, p.row.id))
     rows = row_lines(preds)
     summ: list[str] = []
-    modelled = [p for p in preds if p.row.awaits is None]
     for split, name in (("calibration", "calibration set"), ("heldout", "held-out set")):
-        summ += summary([p for p in modelled if p.row.split == split], name)
-    summ += summary(modelled, "all rows", list_wrong=False)
-    waiting = [p for p in preds if p.row.awaits is not None]
-    if waiting:
-        summ.append(f"not in these tables: {len(waiting)} rows await planner support "
-                    f"({', '.join(sorted({p.row.awaits or '' for p in waiting}))}: schema field `awaits`); "
-                    "their rows above are predicted with the stand-in noted")
+        summ += summary([p for p in preds if p.row.split == split], name)
+    summ += summary(preds, "all rows", list_wrong=False)
+    if not baseline:
+        summ += targets_lines(preds)
     return preds, table_text(rows, HEAD) + "\n\n" + "\n".join(summ), table_md(rows, HEAD) + "\n\n```\n" + \
         "\n".join(summ) + "\n```\n"
 
@@ -192,8 +239,7 @@ def write_md(path: Path, body: str, baseline: bool, today: str, n_rows: int = 0)
                "benchmarks/public_runs/runs.yaml (sources in benchmarks/public_runs/README.md). The split into "
                "calibration and held-out rows is fixed in the data file (issue 25's rows by hand, later rows by "
                "SHA-256 of their id, benchmarks/public_runs/split.py); fitted constants use calibration rows only. "
-               "Rows marked (tp) await tensor parallelism in the planner: listed, but out of the fit and the "
-               "summaries. The P10-P90 lines check planner/uncertainty.py's bands, each row's band built without "
+               "Tensor-parallel rows are planned with --tp (notes column). The P10-P90 lines check planner/uncertainty.py's bands, each row's band built without "
                "its own error.\n\n## Current model\n\n" + section + "\n")
     tmp = path.with_suffix(".tmp")
     tmp.write_text(cur + kept_base, encoding="utf-8")

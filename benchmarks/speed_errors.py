@@ -3,7 +3,7 @@ P10-P90 bands of planner/uncertainty.py).
 
 Usage: python benchmarks/speed_errors.py [--folds 5] [--check]
 
-Each row with a measured speed (benchmarks/public_runs/runs.yaml, rows awaiting planner support left out) gets an
+Each row with a measured speed (benchmarks/public_runs/runs.yaml) gets an
 error no constant was fitted to: log(predicted / measured tokens/s)
 - held-out rows: with the constants in use (planner/speed_constants.py, fitted on the calibration rows only);
 - calibration rows: by k-fold cross-validation, each fold predicted with constants fitted (benchmarks/fit_speed.py,
@@ -40,14 +40,14 @@ def rows_with_speed() -> list[tuple[PublicRun, float]]:
     out = []
     for r in load_runs():
         m, _ = measured_tokens_per_s(r)
-        if m and r.awaits is None:
+        if m:
             out.append((r, m))
     return out
 
 
 def fold_errors(rows: list[tuple[PublicRun, float]], folds: int, rounds: int = 8) -> dict[str, float]:
     """Calibration rows: each fold's log errors under constants fitted on the other folds."""
-    calib = sorted(((r, m) for r, m in rows if r.split == "calibration" and r.tp_degree == 1), key=lambda x: _key(x[0]))
+    calib = sorted(((r, m) for r, m in rows if r.split == "calibration"), key=lambda x: _key(x[0]))
     out: dict[str, float] = {}
     for f in range(folds):
         test = [x for i, x in enumerate(calib) if i % folds == f]

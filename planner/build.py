@@ -31,7 +31,7 @@ from planner.precision_choice import PURE_BF16_WARNING
 from planner.profiles import Hardware, parse_gpu_spec, speed_off, speed_off_words
 from planner.startup import fixed_seconds, paid_seconds, steps_within
 from planner.throughput import Throughput, estimate_throughput
-from planner.trainers import trainer_for
+from planner.trainers import step_speed_inputs, trainer_for
 from planner.uncertainty import plan_uncertainty
 from planner.units import fmt_bytes, fmt_count, fmt_duration, plural
 
@@ -209,10 +209,8 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     mem = memory_of(cfg, hw, req.trainer)
     verdict = verdict_of(req, mem, hw)
     fit = verdict.runs       # plan.memory.fits: not refused (fits or tight); the verdict says which
-    tr = trainer_for(req.trainer)
-    software = tr.step_software(spec, req.trainer, hw.profile) if tr is not None else None   # its attention kernel
-    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu, variant=tr.step_variant(req) if tr is not None else None,
-                                         software=software)
+    variant, software = step_speed_inputs(req, hw.profile)   # the trainer's step and attention kernel
+    tp: Throughput = estimate_throughput(cfg, hw, mfu=req.mfu, variant=variant, software=software)
     usd_per_hour = g * hw.usd_per_gpu_hour
 
     # the hours are the launch's paid hours: start-up and compile warm-up, then the steps (planner/startup.py)

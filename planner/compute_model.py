@@ -155,11 +155,17 @@ def fp8_cast_bytes(spec: ModelSpec, compiled: bool) -> float:
 
 
 @lru_cache(maxsize=8192)
-def _block_elementwise_bytes(spec: ModelSpec, precision: Precision, compiled: bool) -> int:
-    """Bytes one block saves per token: the basis of its element-wise traffic."""
+def _block_elementwise_bytes(spec: ModelSpec, precision: Precision, compiled: bool, low_precision_norms: bool = False
+                             ) -> int:
+    """Bytes one block saves per token: the basis of its element-wise traffic. `low_precision_norms`: an eager
+    block's norms save their input in the autocast dtype, not autocast's fp32 copy (StepSoftware)."""
     if compiled:
         return block_per_token(dims(spec, precision))
-    return layer_activation_bytes(spec, precision)
+    eager = layer_activation_bytes(spec, precision)
+    if low_precision_norms:    # the two norms' saved inputs (memory_eager: 2·nx·d) at the autocast width
+        D = dims(spec, precision)
+        eager -= 2 * max(0, D.nx - D.a) * D.d
+    return eager
 
 
 def compute_terms(spec: ModelSpec, prof: HardwareProfile, *, precision: Precision, compiled: bool, ac: bool,
@@ -185,9 +191,9 @@ def compute_terms(spec: ModelSpec, prof: HardwareProfile, *, precision: Precisio
             + block_mm / matmul_rate(prof, precision, fp8, k))
     attn_flops = (L * 7.0 * T * q + n_ck * recompute_attention_share(ac, ac_policy) * 2.0 * T * q) * sw.attention_span
     attn_s = attn_flops / attention_rate(prof, sw, T, k)
-    per_block = _block_elementwise_bytes(spec, precision, compiled)
+    per_block = _block_elementwise_bytes(spec, precision, compiled, sw.low_precision_norms)
     elem = elementwise_factor(compiled, k) * per_block * (L + n_ck / 3.0)   # a re-run forward: ~1/3 of a block's traffic
-    elem += loss_bytes_per_token(spec, precision, compiled)
+    elem += loss_bytes_per_token(spec, precision, compiled if sw.fused_loss is None else sw.fused_loss)
     if fp8:
         elem += fp8_cast_bytes(spec, compiled)
         if v.fp8_head:

@@ -91,11 +91,23 @@ def kernel_speedup(kernel: str, architecture: str, triton: float = TRITON_FA1) -
 
 @dataclass(frozen=True, slots=True)
 class StepSoftware:
-    """What the trainer's software runs for attention: the kernel, and the keys each token attends to relative to
-    full causal attention (1; sliding windows less, `window_span`)."""
+    """What the trainer's software runs where kernels differ between trainers: the attention kernel, the keys each
+    token attends to relative to full causal attention (1; sliding windows less, `window_span`), the loss's kernels
+    and the norms' precision (planner/compute_model.py prices the last two as element-wise traffic).
+
+    - `fused_loss`: the loss's logit-wide passes run as one fused forward and one fused backward kernel (a compiled
+      loss, or a hand-written fused cross-entropy such as flash-attn's xentropy, llm-foundry's default
+      `loss_fn: fused_crossentropy`); False: eager PyTorch ops over fp32 logits (torchtitan before 2025-04-02
+      compiled its blocks but not the loss: train.py at 9dec370, "TODO: compiling loss function causes CUDA errors,
+      turning off for now"); None: as the step is compiled or not.
+    - `low_precision_norms`: the norms run in the autocast dtype, so autocast makes no fp32 copy of their input
+      (llm-foundry's `norm_type: low_precision_layernorm`, LPLayerNorm: layer_norm on bf16 inputs with autocast off).
+    """
 
     attention: str = "fa2"
     attention_span: float = 1.0
+    fused_loss: bool | None = None
+    low_precision_norms: bool = False
 
 
 def runner_software(prof: HardwareProfile) -> StepSoftware:

@@ -96,9 +96,10 @@ class MfuPoint(BaseModel):
     mfu: float = _in("mfu")
 
 
-FRAGMENTATION = 0.0996   # of the allocated peak: mean + 2 sd of max_memory_reserved / the planner's allocated
-                         # peak - 1 over the public calibration rows that publish it (benchmarks/fit_memory.py),
-                         # fitted on benchmarks/public_runs calibration set, 2026-11-25
+FRAGMENTATION = 0.1125   # of the allocated peak: mean + 2 sd of max_memory_reserved / the planner's allocated
+                         # peak - 1 over the public calibration rows that publish it and that the planner predicts
+                         # within 10% either way (benchmarks/fit_memory.py), fitted on benchmarks/public_runs
+                         # calibration set, 2026-11-27
 
 
 class Overheads(BaseModel):
@@ -108,7 +109,7 @@ class Overheads(BaseModel):
     cuda_context_bytes: int = Field(default=536_870_912, ge=0, le=int(RANGES["overhead_bytes"][1]))   # 512 MiB: assumption
     nccl_bytes: int = Field(default=268_435_456, ge=0, le=int(RANGES["overhead_bytes"][1]))           # 256 MiB with >1 GPU: assumption
     fragmentation: float = Field(default=FRAGMENTATION, ge=0, le=1, allow_inf_nan=False, strict=True)  # of the peak
-    source: str = ("fragmentation fitted on benchmarks/public_runs calibration set, 2026-11-25 (benchmarks/fit_memory.py: "
+    source: str = ("fragmentation fitted on benchmarks/public_runs calibration set, 2026-11-27 (benchmarks/fit_memory.py: "
                    "public max_memory_reserved against the allocated peak); CUDA context and NCCL buffers: assumption "
                    "(typical CUDA 12); calibrate with nanoplan calibrate")
 

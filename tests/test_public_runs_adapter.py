@@ -23,9 +23,9 @@ def test_the_model_has_the_sources_parameter_count(row) -> None:
 @pytest.mark.parametrize("row", RUNS, ids=lambda r: r.id)
 def test_batch_and_hardware_are_the_rows(row) -> None:
     inp = inputs(row)
-    assert inp.hw.num_gpus * row.tp_degree == row.total_gpus
+    assert inp.hw.num_gpus == row.total_gpus and inp.hw.gpus_per_node == row.gpus_per_node   # every GPU, TP too
     assert inp.hw.nodes == row.nodes
-    assert inp.cfg.dp == row.dp_degree
+    assert inp.cfg.dp == row.dp_degree and inp.cfg.tp == inp.mem_cfg.tp == row.tp_degree
     assert inp.cfg.device_batch_size == row.micro_batch_per_gpu
     if row.global_batch_seqs:
         assert inp.cfg.device_batch_size * inp.cfg.dp * inp.cfg.grad_accum_steps == row.global_batch_seqs
@@ -45,17 +45,41 @@ def test_two_measures_of_one_speed_agree() -> None:
 
 
 def test_heldout_speed_error_and_verdicts() -> None:
-    """On rows no constant was fitted to: held-out median |tokens/s error| <= 7% (6.4% measured, 2026-11-27; issue
-    29 asks for 5%, not reached: benchmarks/results/public_runs.md), and no wrong fit verdict on any row whose
-    outcome is known (benchmarks/public_runs.py prints the same numbers). Rows awaiting tensor parallelism are out."""
+    """On rows no constant was fitted to: held-out median |tokens/s error| <= 5% (issue 29's bar; 4.7% measured
+    2026-11-27, benchmarks/results/public_runs.md), and no wrong fit verdict on any row whose outcome is known
+    (benchmarks/public_runs.py prints the same numbers). Every row counts, the tensor-parallel ones too."""
     import statistics
 
     from benchmarks.public_runs.adapter import predict
 
-    preds = [predict(r) for r in RUNS if r.awaits is None]
+    preds = [predict(r) for r in RUNS]
     held = [abs(p.error) for p in preds if p.row.split == "heldout" and p.error is not None]
-    assert len(held) == 26 and statistics.median(held) <= 0.07
+    assert len(held) == 28 and statistics.median(held) <= 0.05
     assert all(p.verdict_ok for p in preds)
+
+
+def test_tensor_parallel_rows_are_planned_with_tp_and_land_like_the_others() -> None:
+    """torchtitan's 2-D rows (FSDP x TP 8) are planned as `--tp 8` with sequence parallelism on their own 256 or 64
+    GPUs (no TP group merged into one device), count in the fit and the tables, and land within 20% of what they
+    measured, as every row does on a GPU whose speed is proven; the 70B ones within 6%."""
+    from benchmarks.fit_speed import fit_rows
+    from benchmarks.public_runs.adapter import predict
+    from planner.throughput import estimate_throughput
+
+    tp_rows = [r for r in RUNS if r.tp_degree > 1]
+    assert len(tp_rows) == 6 and {r.strategy for r in tp_rows} == {"fsdp+tp"}
+    assert sum(1 for r, _ in fit_rows(RUNS) if r.tp_degree > 1) == 4          # the calibration ones are fitted on
+    for r in tp_rows:
+        p = predict(r)
+        c = p.inputs.cfg
+        assert (c.tp, c.sequence_parallel, c.strategy, c.dp) == (8, True, "fsdp", r.total_gpus // 8), r.id
+        assert p.inputs.hw.num_gpus == r.total_gpus and p.inputs.hw.gpus_per_node == 8
+        assert p.verdict_ok and p.error is not None and abs(p.error) <= 0.20, (r.id, p.error)
+        if r.n_layer == 80:
+            assert abs(p.error) <= 0.06, (r.id, p.error)
+        # a step's tokens: one micro-batch per data-parallel rank, shared by its TP group (the source's global batch)
+        step = estimate_throughput(c, p.inputs.hw, software=p.inputs.software)
+        assert step.tokens_per_step == r.global_batch_seqs * r.seq_len
 
 
 def test_each_profiles_public_check_is_what_the_benchmark_measures() -> None:
@@ -69,8 +93,6 @@ def test_each_profiles_public_check_is_what_the_benchmark_measures() -> None:
 
     errors: dict[str, list[float]] = defaultdict(list)
     for r in load_runs():
-        if r.awaits is not None:          # kept out of the error tables until the planner can express them
-            continue
         p = predict(r)
         if p.error is not None:
             errors[r.gpu].append(p.error)
@@ -94,10 +116,10 @@ def test_a_gpu_whose_speed_is_off_says_so_in_the_plan_and_in_compare() -> None:
     def plan(gpu: str):  # noqa: ANN202
         return build_plan(PlanRequest(gpu=f"8x{gpu}", profile=find_profile(gpu), model=nanochat(20), hours=1.0))
 
-    assert any(w.startswith("speed unproven on B200: predicted tokens/s +93% vs its 2 public runs (") and
+    assert any(w.startswith("speed unproven on B200: predicted tokens/s +101% vs its 2 public runs (") and
                w.endswith("this plan is optimistic") for w in plan("B200").warnings)
     assert not any(w.startswith("speed unproven") for w in plan("H100").warnings + plan("A100-80GB").warnings
-                    + plan("H200").warnings)     # H200: -3% since issue 29 (kernels, Grand Teton compute)
+                    + plan("H200").warnings)     # H200: -1% (issue 29: kernels, Grand Teton compute)
     slow = find_profile("H200")
     slow = slow.model_copy(update={"speed": slow.speed.model_copy(update={"public_check": slow.speed.public_check
                                    .model_copy(update={"median_ratio": 0.8})})})
@@ -106,4 +128,38 @@ def test_a_gpu_whose_speed_is_off_says_so_in_the_plan_and_in_compare() -> None:
                and w.endswith("pessimistic") for w in warned)
     cmp = compare(["8xB200", "8xH100"], depth_ladder(), Length(budget_usd=1000))
     notes = {r.gpu: r.note for r in cmp.rows}
-    assert notes == {"8xB200": "tokens/s +93% vs its 2 public runs", "8xH100-SXM": ""}
+    assert notes == {"8xB200": "tokens/s +101% vs its 2 public runs", "8xH100-SXM": ""}
+
+
+def test_nanochat_rows_are_predicted_through_the_plans_own_calls() -> None:
+    """nanochat's rows are `--trainer nanochat` plans: build_plan of the adapter's request gives the same step (memory,
+    speed with the trainer's step variant and attention software). The Jan-Feb 2026 rows differ from version 2026-07
+    in one fact only, their half-context windows; their FP8 rows run the head in FP8 too (nanochat's
+    fp8_module_filter converts every nn.Linear whose dims divide by 16, lm_head included)."""
+    from dataclasses import replace
+
+    from benchmarks.public_runs.adapter import memory_of_row, predict
+    from planner.build import build_plan
+    from planner.throughput import estimate_throughput
+    from planner.trainers import step_speed_inputs
+
+    rows = [r for r in RUNS if r.trainer == "nanochat"]
+    assert len(rows) == 9
+    for r in rows:
+        inp = inputs(r)
+        plan = build_plan(inp.request)
+        assert plan.request.trainer.name == "nanochat" and plan.training.strategy == "zero1"
+        assert sum(plan.memory.breakdown.values()) == memory_of_row(inp).allocated_peak, r.id
+        variant, software = step_speed_inputs(inp.request, inp.hw.profile)
+        if r.arch == "nanochat-2025-10":
+            assert (inp.variant, inp.software) == (variant, software)
+        else:   # put 2026-07's windows back: then the prediction is the plan's
+            assert inp.software.attention_span > software.attention_span and inp.software.attention == "fa3"
+            inp = replace(inp, software=software, variant=variant)
+            assert variant.fp8_head and inp.cfg.fp8 == (r.precision == "fp8")
+        again = estimate_throughput(inp.cfg, inp.hw, software=inp.software, variant=inp.variant)
+        assert again.tokens_per_sec == pytest.approx(plan.throughput.tokens_per_sec, rel=1e-9), r.id
+    fp8 = next(r for r in rows if r.precision == "fp8" and r.outcome == "ran")
+    inp = inputs(fp8)
+    bf16_head = estimate_throughput(inp.cfg, inp.hw, software=inp.software, variant=replace(inp.variant, fp8_head=False))
+    assert predict(fp8).tokens_per_s > bf16_head.tokens_per_sec * 1.005      # the FP8 head is priced

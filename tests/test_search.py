@@ -216,12 +216,14 @@ def test_real_ties_go_to_simpler_settings() -> None:
     same = [c for c in res.ranked if (c.device_batch, c.activation_checkpointing) == (b.device_batch, b.activation_checkpointing)]
     assert [c.strategy for c in same] == ["ddp", "zero1", "zero2", "fsdp"]
     assert len({(c.tokens, c.loss) for c in same}) == 1
-    # 8 GPUs: with the step model refitted in issue 29 (a collective beside compute shows 55% of its time),
-    # zero2's reduce-scatter beside each micro-step beats ddp's all-reduce beside the last backward by 1.1%, more
-    # than SETTINGS_TOL, so zero2 wins. When the loss is chunked either way, bigger micro-batches pay the
+    # 8 GPUs: with the step model refitted in issue 29's third pass (a collective beside compute shows 31% of its
+    # time), zero2's reduce-scatter beside each micro-step beats ddp's all-reduce beside the last backward by 0.96%,
+    # within SETTINGS_TOL, so the simpler ddp wins. When the loss is chunked either way, bigger micro-batches pay the
     # per-micro-step costs (gradient accumulation, launches) fewer times, so they are faster and the biggest is first.
     res = search([nanochat(12)], parse_gpu_spec("8xH100"), Length(hours=1))
-    assert (res.best.strategy, res.best.device_batch) == ("zero2", 32)
+    assert (res.best.strategy, res.best.device_batch) == ("ddp", 32)
+    by = {c.strategy: c.tokens for c in res.ranked if c.device_batch == 32 and not c.activation_checkpointing}
+    assert 1.0 < by["zero2"] / by["ddp"] < 1.0 + SETTINGS_TOL
     chunked = [c for c in res.ranked if c.strategy == "ddp" and not c.activation_checkpointing and c.device_batch >= 4]
     assert [c.device_batch for c in chunked] == [32, 16, 8, 4]
     assert [c.tokens for c in chunked] == sorted((c.tokens for c in chunked), reverse=True)

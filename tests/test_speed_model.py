@@ -56,6 +56,34 @@ def test_matmul_attention_and_elementwise_terms() -> None:
     assert c.elementwise < t.elementwise and c.matmul == t.matmul
 
 
+def test_a_trainers_loss_kernel_and_norm_precision_are_priced_as_it_runs_them() -> None:
+    """StepSoftware.fused_loss and low_precision_norms (planner/kernels.py), from the bytes by hand: MPT-1B (GPT-2
+    style, LayerNorm, vocabulary 50,368) eager with llm-foundry's fused cross-entropy moves 4 bf16 accesses per logit
+    instead of eager's 3 bf16 + 8 fp32, and with its bf16 LayerNorm saves each block's two norm inputs in 2 bytes
+    instead of autocast's fp32 copy; a compiled step with an eager loss (torchtitan before 2025-04-02) pays eager's."""
+    from planner.spec import ModelSpec
+
+    spec = ModelSpec(style="gpt2", n_layer=24, d_model=2048, n_head=16, n_kv_head=16, d_ff=8192, vocab_size=50368,
+                     seq_len=2048, mlp="gelu", norm="layernorm", pos="learned", tied=True, bias=True)
+    prof, V, d, L = find_profile("H100"), 50368, 2048, 24
+    hbm = 3.35e12 * HBM_EFFICIENCY
+    kw = {"precision": "bf16-autocast", "ac": False}
+    eager = compute_terms(spec, prof, compiled=False, **kw, software=StepSoftware())
+    fused = compute_terms(spec, prof, compiled=False, **kw, software=StepSoftware(fused_loss=True))
+    assert eager.elementwise - fused.elementwise == pytest.approx(((3 * 2 + 8 * 4) - 4 * 2) * V / hbm, rel=1e-12)
+    lp = compute_terms(spec, prof, compiled=False, **kw, software=StepSoftware(fused_loss=True, low_precision_norms=True))
+    assert fused.elementwise - lp.elementwise == pytest.approx(DEFAULT.elementwise * L * 2 * (4 - 2) * d / hbm,
+                                                               rel=1e-12)
+    assert (lp.matmul, lp.attention) == (eager.matmul, eager.attention)
+    comp = compute_terms(spec, prof, compiled=True, **kw)
+    comp_eager_loss = compute_terms(spec, prof, compiled=True, **kw, software=StepSoftware(fused_loss=False))
+    assert comp_eager_loss.elementwise - comp.elementwise == pytest.approx(((3 * 2 + 8 * 4) - 4 * 2) * V / hbm,
+                                                                           rel=1e-12)
+    # compiled blocks save no fp32 norm copies: the flag changes nothing there
+    assert compute_terms(spec, prof, compiled=True, **kw,
+                         software=StepSoftware(low_precision_norms=True)).elementwise == comp.elementwise
+
+
 def test_fp8_runs_the_blocks_linears_at_the_fp8_rate_where_the_gpu_has_it() -> None:
     spec = llama(32, 4096, 32, 8, 14336, seq_len=8192, vocab_size=128256)
     h100, a100 = find_profile("H100"), find_profile("A100")

@@ -6,17 +6,23 @@ checkpointing, compile, precision, optimizer). `predict(row)` runs the planner o
 planner.throughput, and the fit verdict from planner.fit_verdict on the allocated peak of planner.memory.
 
 Mapping (README.md in this folder has the sources of each row):
-- nanochat rows are planned as `--trainer nanochat` plans (issue 29): the model, the request fields, the memory and
-  the attention kernel come from planner/trainers/nanochat (`nanochat-2025-10` -> version 2025-10,
-  `nanochat-2026-01` -> 2026-07, the nearest modelled version, with the half-context windows those runs had).
+- nanochat rows are planned as `--trainer nanochat` plans (issue 29), through planner/build.py's own calls: the
+  request from the trainer's `request_fields` (plus the row's batch and --fp8), its StepConfig from
+  `build.step_config`, its memory from `build.memory_of`, its step variant (sliding windows, the FP8 head) and
+  attention software from `planner.trainers.step_speed_inputs` (`nanochat-2025-10` -> version 2025-10,
+  `nanochat-2026-01` -> 2026-07, the nearest modelled version). One fact of those commits differs from 2026-07 and is
+  put back: their short windows were half the context (gpt.py at 348fbb3 and a67eba3: short_window =
+  long_window // 2), 2026-07's a quarter.
 - arch `modded-nanogpt-2024-10` -> the nanochat block (rotary, ReLU², QK-norm, weightless RMSNorm, no bias) with the
   row's heads, width, vocabulary and tied head; `modded-nanogpt-2024-10-gelu` -> the same with a GELU MLP and no
   QK-norm; `mpt` and `gpt2` (llm.c) -> GPT-2 style (LayerNorm with bias, GELU, learned positions, biases, tied): the
   count matches llm-foundry's printed NumParams exactly; `llama` -> planner.spec.llama with the row's FFN width and
   vocabulary.
-- Software (issue 29): the row's `attention_kernel` (planner/kernels.py prices it against FlashAttention-2), and its
+- Software (issue 29): the row's `attention_kernel` (planner/kernels.py prices it against FlashAttention-2), its
   element-wise work as compiled where it ran torch.compile or hand-fused kernels (`fused_elementwise`: llm.c,
-  TinyLlama); the memory keeps the row's own `compile`.
+  TinyLlama), its loss as fused or eager where that differs from the step (`fused_loss`: llm-foundry's fused
+  cross-entropy kernel, torchtitan's eager loss beside compiled blocks until 2025-04-02) and llm-foundry's bf16
+  LayerNorm (`low_precision_norms`); the memory keeps the row's own `compile`.
 - The loss, by what each trainer runs (`mem_cfg` for the memory, `cfg` for the speed): torchtitan computes cross-entropy on the full fp32 logits
   (`cross_entropy(pred.flatten(0, 1).float(), ...)`), as the runner's unchunked loss does: loss_chunk_tokens = 0.
   nanochat and modded-nanogpt compile the softcap and cross-entropy into fused kernels, and llm-foundry's MPT
@@ -27,23 +33,29 @@ Mapping (README.md in this folder has the sources of each row):
   these trainers keep fp32 master weights, FSDP's PURE mode included); FP8 rows set StepConfig.fp8.
 - Gradients are reduced in the row's `grad_reduce_dtype` (llm-foundry: fp32 for DEFAULT mixed precision, bf16
   for PURE, from its precision_detail).
-- `fsdp+tp` (one row): tensor parallelism is not modelled; the row is reported with its prediction as if each
-  tensor-parallel group of t GPUs were one device of t× the compute, memory and bandwidth (`tp_merged`).
+- Tensor parallelism (`fsdp+tp`, torchtitan's 2-D rows) is planned as the planner plans `--tp t` (planner/parallelism.py,
+  memory_parallel.py, throughput.py): strategy fsdp over the dp = GPUs / t data-parallel ranks, each GPU 1/t of
+  every block, on the row's own GPUs; sequence parallel, as torchtitan applies it to every block (parallelize_llama.py
+  `apply_tp`: "Apply tensor + sequence parallelism to every transformer block", SequenceParallel() on attention_norm
+  and ffn_norm). `hsdp` rows would plan as `--strategy hsdp` with the shard group of one node's GPUs / t
+  (planner.parallelism.hsdp_shard); none is recorded yet.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cache
 
 from benchmarks.public_runs.schema import PublicRun
-from planner.counts import flops_per_token
+from planner.compute_model import StepVariant
 from planner.kernels import StepSoftware, runner_software, window_span
 from planner.memory import DEFAULT_LOSS_CHUNK_TOKENS, estimate
 from planner.memory_terms import MemoryEstimate, StepConfig
-from planner.plan import TrainerRef
+from planner.parallelism import hsdp_shard
+from planner.plan import PlanRequest, TrainerRef
 from planner.profiles import Hardware, HardwareProfile, find_profile, parse_gpu_spec
 from planner.spec import ModelSpec, llama
-from planner.trainers import trainer_for
+from planner.trainers import step_speed_inputs, trainer_for
 from planner.trainers.nanochat import model_spec as nanochat_spec
 
 
@@ -58,9 +70,14 @@ class RowInputs:
     notes: tuple[str, ...] = ()
     software: StepSoftware | None = None   # the attention kernel and span (planner/kernels.py)
     trainer: TrainerRef | None = None      # the planner's trainer module the row is planned as (nanochat)
+    variant: StepVariant | None = None     # where that trainer's step computes differently (planner/compute_model.py)
+    request: PlanRequest | None = None     # the --trainer plan's request (nanochat rows)
 
 
 NANOCHAT_VERSION = {"nanochat-2025-10": "2025-10", "nanochat-2026-01": "2026-07"}   # arch -> trainer version
+# trainers whose tensor parallelism is sequence-parallel: torchtitan applies SequenceParallel() to every block's norms
+# (`apply_tp`: torchtitan/parallelisms/parallelize_llama.py at 9dec370, torchtitan/models/llama3/ at 820504e)
+SEQUENCE_PARALLEL = ("torchtitan",)
 
 
 def trainer_of(r: PublicRun) -> TrainerRef | None:
@@ -96,21 +113,6 @@ def spec_of(r: PublicRun) -> ModelSpec:
     raise ValueError(f"{r.id}: unknown arch {r.arch!r}")
 
 
-def tp_merged(prof: HardwareProfile, t: int) -> HardwareProfile:
-    """A tensor-parallel group of t GPUs as one device: t× compute, memory and HBM bandwidth (an approximation)."""
-    if t <= 1:
-        return prof
-    upd: dict = {"name": f"{prof.name}-tp{t}", "memory_gb": prof.memory_gb * t, "usable_bytes": prof.usable_bytes * t,
-                 "hbm_tb_s": prof.hbm_tb_s * t, "bf16_tflops": prof.bf16_tflops * t, "tf32_tflops": prof.tf32_tflops * t,
-                 "gpus_per_node": max(1, prof.gpus_per_node // t), "aliases": []}
-    if prof.fp8_tflops:
-        upd["fp8_tflops"] = prof.fp8_tflops * t
-    speed = getattr(prof, "speed", None)
-    if speed is not None:
-        upd["speed"] = speed.scaled(t)
-    return HardwareProfile.model_validate({**prof.model_dump(), **upd})
-
-
 # torchtitan's Grand Teton H100s (benchmarks/llama3_h100_202412_torchtitan.md): "HBM2e-based SXM H100 with lower TDP,
 # the actual peak TFLOPs number is between SXM and NVL, and we don't know its exact value", at "the default 500W power
 # limit". Their compute is taken at the middle of that range: (NVL 835 + SXM 989) / 2 / 989 of the SXM part's
@@ -135,29 +137,26 @@ def gpu_variant(r: PublicRun, prof: HardwareProfile) -> HardwareProfile:
 
 
 def hardware_of(r: PublicRun) -> Hardware:
+    """The row's GPUs, all of them (a tensor-parallel group's GPUs too: the plan's --tp divides the work over them)."""
     prof = gpu_variant(r, find_profile(r.gpu))
-    t = r.tp_degree
-    if t > 1:
-        prof = tp_merged(prof, t)
-        return parse_gpu_spec(f"{r.nodes}x{r.gpus_per_node // t}x{prof.name}", profile=prof)
     spec = f"{r.nodes}x{r.gpus_per_node}x{prof.name}" if r.nodes > 1 else f"{r.gpus_per_node}x{prof.name}"
     return parse_gpu_spec(spec, profile=prof)
 
 
-def software_of(r: PublicRun, spec: ModelSpec, prof: HardwareProfile) -> StepSoftware:
-    """The attention kernel (and span) a row ran: a nanochat row's from planner/trainers/nanochat, with the
-    half-context windows (T/2) of its Jan-Feb 2026 runs (gpt.py at 348fbb3: short_window = long_window // 2; the
-    2026-07 version uses a quarter); every other row's from its `attention_kernel`."""
-    ref = trainer_of(r)
-    tr = trainer_for(ref)
-    if ref is not None and tr is not None:
-        sw = tr.step_software(spec, ref, prof) or runner_software(prof)
-        if r.arch == "nanochat-2026-01" and sw.attention_span != 1.0:
-            T = spec.seq_len
-            windows = [T if "SSSL"[i % 4] == "L" or i == spec.n_layer - 1 else T // 2 for i in range(spec.n_layer)]
-            sw = replace(sw, attention_span=window_span(windows, T))
-        return sw
-    return StepSoftware(attention=r.attention_kernel) if r.attention_kernel else runner_software(prof)
+def half_windows(spec: ModelSpec) -> list[int]:
+    """The attention windows of nanochat's Jan-Feb 2026 commits (gpt.py at 348fbb3 and a67eba3 `_compute_window_sizes`:
+    the default pattern SSSL tiled over the layers, S = sequence_len // 2, L = sequence_len, the last layer L)."""
+    T = spec.seq_len
+    return [T if "SSSL"[i % 4] == "L" or i == spec.n_layer - 1 else T // 2 for i in range(spec.n_layer)]
+
+
+def software_of(r: PublicRun, prof: HardwareProfile) -> StepSoftware:
+    """The kernels a row that is not planned as a trainer's plan ran (planner/kernels.py StepSoftware): its
+    `attention_kernel` (else the runner's), its loss kernels (`fused_loss`; hand-fused kernels count as fused) and its
+    norms' precision (`low_precision_norms`)."""
+    base = StepSoftware(attention=r.attention_kernel) if r.attention_kernel else runner_software(prof)
+    fused = True if r.fused_elementwise else r.fused_loss
+    return replace(base, fused_loss=fused, low_precision_norms=r.low_precision_norms)
 
 
 def reduce_dtype(r: PublicRun) -> str | None:
@@ -180,16 +179,23 @@ def grad_accum(r: PublicRun) -> int:
     return 1
 
 
+@cache
 def inputs(r: PublicRun, *, baseline: bool = False) -> RowInputs:
     """The planner's inputs for a row. baseline=True: only what the planner before issue 25 could express
-    (full or no checkpointing, no FP8, no reduce dtype)."""
+    (full or no checkpointing, no FP8, no reduce dtype). Cached: a row's inputs do not depend on the speed constants
+    (benchmarks/fit_speed.py predicts every row thousands of times)."""
     spec = spec_of(r)
     hw = hardware_of(r)
     ref = trainer_of(r)
-    notes: list[str] = [f"--trainer {ref.name} {ref.version}"] if ref is not None and not baseline else []
-    strategy = {"fsdp+tp": "fsdp", "hsdp": "fsdp"}.get(r.strategy, r.strategy)
+    if ref is not None and not baseline:
+        return nanochat_inputs(r, spec, hw, ref)
+    notes: list[str] = []
+    strategy = {"fsdp+tp": "fsdp"}.get(r.strategy, r.strategy)
     if r.tp_degree > 1:
-        notes.append(f"TP{r.tp_degree} as one device")
+        if r.trainer not in SEQUENCE_PARALLEL:
+            raise ValueError(f"{r.id}: whether {r.trainer} runs tensor parallelism with sequence parallelism is not "
+                             "recorded (SEQUENCE_PARALLEL)")
+        notes.append(f"--tp {r.tp_degree}" + (" (async TP planned as TP)" if r.async_tp else ""))
     ac = r.activation_checkpointing
     kw: dict = {}
     if baseline:
@@ -208,19 +214,45 @@ def inputs(r: PublicRun, *, baseline: bool = False) -> RowInputs:
                      dp=r.dp_degree, precision="bf16-autocast",
                      optimizer="muon" if r.optimizer.startswith("muon") else "adamw",
                      strategy=strategy, activation_checkpointing=full,  # type: ignore[arg-type]
-                     loss_chunk_tokens=0, compile=r.compile, **kw)
+                     loss_chunk_tokens=0, compile=r.compile, tp=r.tp_degree, sequence_parallel=True,
+                     hsdp_shard=hsdp_shard(strategy, r.gpus_per_node, r.tp_degree), **kw)
     if baseline:
         return RowInputs(spec=spec, hw=hw, cfg=cfg, mem_cfg=cfg, notes=tuple(notes))
-    if ref is not None:   # nanochat: its full-logit loss and its own memory model (planner/trainers/nanochat)
-        speed = replace(cfg, compile=True)
-        return RowInputs(spec=spec, hw=hw, cfg=speed, mem_cfg=cfg, notes=tuple(notes),
-                         software=software_of(r, spec, hw.profile), trainer=ref)
     # a fused cross-entropy recomputes nothing (speed: unchunked) and keeps no fp32 logits (memory: chunked)
     fused = r.trainer != "torchtitan"
     mem_cfg = replace(cfg, loss_chunk_tokens=DEFAULT_LOSS_CHUNK_TOKENS) if fused else cfg
     speed = replace(cfg, compile=r.compile or r.fused_elementwise)
     return RowInputs(spec=spec, hw=hw, cfg=speed, mem_cfg=mem_cfg, notes=tuple(notes),
-                     software=software_of(r, spec, hw.profile))
+                     software=software_of(r, hw.profile))
+
+
+def nanochat_request(r: PublicRun, spec: ModelSpec, hw: Hardware, ref: TrainerRef) -> PlanRequest:
+    """The `nanoplan estimate --trainer nanochat` request of a row: the trainer's own request fields (muon, zero1 on
+    several GPUs, compiled, unchunked loss, the window pattern for the GPU), the row's depth, batch and --fp8."""
+    tr = trainer_for(ref)
+    assert tr is not None
+    fields_ = tr.request_fields({}, hw.num_gpus, ref.version, hw.profile)
+    gpu = f"{hw.nodes}x{hw.gpus_per_node}x{hw.profile.name}" if hw.nodes > 1 else f"{hw.gpus_per_node}x{hw.profile.name}"
+    return PlanRequest(**fields_, gpu=gpu, profile=hw.profile, model=spec, device_batch_size=r.micro_batch_per_gpu,
+                       total_batch_tokens=r.micro_batch_per_gpu * r.dp_degree * grad_accum(r) * spec.seq_len,
+                       fp8=r.precision == "fp8", steps=1)
+
+
+def nanochat_inputs(r: PublicRun, spec: ModelSpec, hw: Hardware, ref: TrainerRef) -> RowInputs:
+    """A nanochat row as planner/build.py plans it (module docstring): one StepConfig for the memory and the speed,
+    the trainer's step variant and software; the Jan-Feb 2026 rows with their half-context windows."""
+    from planner.build import step_config  # noqa: PLC0415
+
+    req = nanochat_request(r, spec, hw, ref)
+    cfg = step_config(req, r.micro_batch_per_gpu, hw.num_gpus)
+    variant, software = step_speed_inputs(req, hw.profile)
+    if r.arch == "nanochat-2026-01" and software is not None and software.attention_span != 1.0:
+        windows = half_windows(spec)
+        software = replace(software, attention_span=window_span(windows, spec.seq_len))
+        if variant is not None:
+            variant = replace(variant, attention_keys=tuple(windows))
+    return RowInputs(spec=spec, hw=hw, cfg=cfg, mem_cfg=cfg, notes=(f"--trainer {ref.name} {ref.version}",),
+                     software=software or runner_software(hw.profile), trainer=ref, variant=variant, request=req)
 
 
 def memory_of_row(inp: RowInputs) -> MemoryEstimate:
@@ -286,9 +318,8 @@ def predicted_tokens_per_s(r: PublicRun, k: object | None = None) -> float:
     """The planner's tokens/s for a row (whole job), with speed constants `k` (planner.speed_constants)."""
     from planner.throughput import estimate_throughput
     inp = inputs(r)
-    if k is not None:
-        return estimate_throughput(inp.cfg, inp.hw, k=k, software=inp.software).tokens_per_sec  # type: ignore[arg-type]
-    return estimate_throughput(inp.cfg, inp.hw, software=inp.software).tokens_per_sec
+    kw = {"k": k} if k is not None else {}
+    return estimate_throughput(inp.cfg, inp.hw, software=inp.software, variant=inp.variant, **kw).tokens_per_sec
 
 
 def predict(r: PublicRun, *, baseline: bool = False) -> Prediction:
@@ -296,7 +327,7 @@ def predict(r: PublicRun, *, baseline: bool = False) -> Prediction:
     inp = inputs(r, baseline=baseline)
     cfg, hw = inp.cfg, inp.hw
     from planner.throughput import estimate_throughput
-    tp = estimate_throughput(cfg, hw, software=inp.software)
+    tp = estimate_throughput(cfg, hw, software=inp.software, variant=inp.variant)
     mem = memory_of_row(inp) if not baseline else estimate(inp.mem_cfg)
     if baseline:
         from planner.build import fits, memory_of
@@ -309,7 +340,7 @@ def predict(r: PublicRun, *, baseline: bool = False) -> Prediction:
         verdict, detail = v.verdict, v.reason
     measured, _ = measured_tokens_per_s(r)
     peak = hw.profile.bf16_tflops * 1e12
-    mfu = tp.tokens_per_sec * flops_per_token(inp.spec) / (hw.num_gpus * peak)
+    mfu = tp.tokens_per_sec * tp.flops_per_token / (hw.num_gpus * peak)
     return Prediction(row=r, inputs=inp, tokens_per_s=tp.tokens_per_sec, measured=measured,
                       allocated=mem.allocated_peak, verdict=verdict, verdict_detail=detail, mfu=mfu)
 

@@ -78,18 +78,23 @@ class PublicRun(BaseModel):
     # how it was run
     strategy: Strategy
     tp_degree: PosInt
+    # torchtitan's async tensor parallelism (enable_async_tensor_parallel: the TP collectives micro-pipelined with the
+    # matmuls by inductor); the planner has none, so such a row is planned as plain --tp (its note says so)
+    async_tp: bool = False
     activation_checkpointing: Checkpointing
     compile: bool
     # element-wise work in hand-fused kernels without torch.compile (llm.c, TinyLlama's fused norm/SwiGLU/rotary/loss)
     fused_elementwise: bool = False
     attention_kernel: Optional[AttentionKernel] = None
+    # the loss's logit-wide passes in fused kernels (a compiled loss, or a fused cross-entropy kernel); null: as
+    # `compile` (README.md, fields: the sources of each value)
+    fused_loss: Optional[bool] = None
+    # the norms run in the autocast dtype, with no fp32 copy of their input (llm-foundry's low_precision_layernorm)
+    low_precision_norms: bool = False
     precision: Literal["bf16", "fp8"]
     precision_detail: Optional[str]
     grad_reduce_dtype: Optional[Literal["fp32", "bf16"]]
     optimizer: str
-    # a setting the planner cannot express yet (hybrid sharding, tensor parallelism): the row is kept out of the fit
-    # and the error tables until it can (issue 29: helper i29b adds --strategy hsdp and --tp)
-    awaits: Optional[Literal["hsdp", "tp"]] = None
 
     # what was measured (absent when the source does not give it)
     measured_tokens_per_s_per_gpu: Optional[float] = Field(default=None, gt=0)
@@ -119,8 +124,10 @@ class PublicRun(BaseModel):
         mem = [getattr(self, f) for f in MEMORY_FIELDS]
         if any(v is not None for v in mem) and not all(v is not None for v in mem):
             raise ValueError(f"{self.id}: measured_memory, its unit and its kind go together")
-        if self.total_gpus % self.tp_degree:
-            raise ValueError(f"{self.id}: tp_degree must divide the GPU count")
+        if self.gpus_per_node % self.tp_degree:
+            raise ValueError(f"{self.id}: tp_degree must divide the GPUs of a node (tensor parallelism stays in a node)")
+        if (self.tp_degree > 1) != (self.strategy == "fsdp+tp") and self.strategy != "hsdp":
+            raise ValueError(f"{self.id}: strategy fsdp+tp goes with tp_degree > 1 (hsdp takes either)")
         if self.grad_accum_steps and self.global_batch_seqs:
             implied = self.micro_batch_per_gpu * self.dp_degree * self.grad_accum_steps
             if implied != self.global_batch_seqs:

@@ -181,6 +181,17 @@ def trainer_for(ref: TrainerRef | None) -> Trainer | None:
     return DEEPSPEED
 
 
+def step_speed_inputs(req: PlanRequest, prof: HardwareProfile) -> tuple[StepVariant | None, StepSoftware | None]:
+    """What the plan's trainer computes differently from the runner (`step_variant`: sliding windows, an FP8 head) and
+    the attention software it runs on this GPU (`step_software`), for planner.throughput; (None, None) for the
+    runner. planner/build.py prices every plan with these, and benchmarks/public_runs predicts nanochat's public rows
+    through the same call."""
+    tr = trainer_for(req.trainer)
+    if tr is None:
+        return None, None
+    return tr.step_variant(req), tr.step_software(req.model, req.trainer, prof)
+
+
 def strategy_label(ref: TrainerRef | None, strategy: str) -> str:
     """The plan's strategy in its trainer's words (DeepSpeed's ZeRO-3 for nanoplan's fsdp)."""
     tr = trainer_for(ref)
@@ -203,4 +214,4 @@ def refuse_first(problems: list[tuple[str, str, str]], trainer: str, version: st
 
 
 __all__ = ["TRAINERS", "Counts", "Trainer", "Version", "chinchilla_steps", "default_total_batch", "refuse_first",
-           "strategy_label", "trainer_for", "with_overheads"]
+           "step_speed_inputs", "strategy_label", "trainer_for", "with_overheads"]

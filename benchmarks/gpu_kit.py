@@ -45,11 +45,15 @@ KILL_GRACE_S = 10.0
 MIN_TASK_S = 10.0
 GPU_CONFIG = {"seq_len": 2048, "max_batch": 32, "warmup": 3, "steps": 10, "probe_warmup": 2, "probe_steps": 3,
               "data_kb": 1024, "run_depth": 4, "run_hours": 0.023, "run_ckpt_minutes": 0.25, "run_first_steps": 5,
-              "run_first_launch_s": 60.0, "cpu_compile": False}
+              "run_first_launch_s": 60.0, "cpu_compile": False,
+              # the run's plan: its launch's start-up and d4 compile (estimate --startup-seconds; the planner's own
+              # assumption, 60 + 120 s, is for a full-size model and would leave an 83 s plan no step)
+              "run_startup_s": 40.0}
 # toy sizes: micro-batch 1 (the probe then has one trial), a 43-second run (a launch's start-up counts: 5 to 20 s
 # on a 2-core machine, by its load)
 CPU_CONFIG = {**GPU_CONFIG, "max_batch": 1, "warmup": 1, "steps": 2, "probe_warmup": 1, "probe_steps": 1,
-              "data_kb": 64, "run_hours": 0.012, "run_first_steps": 3, "run_first_launch_s": 45.0}
+              "data_kb": 64, "run_hours": 0.012, "run_first_steps": 3, "run_first_launch_s": 45.0,
+              "run_startup_s": None}
 OUT_FILES = ("gpu_kit.json", "gpu_kit.md", "gpu_kit.log")
 
 

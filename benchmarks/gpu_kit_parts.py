@@ -354,6 +354,7 @@ def run_plan_args(kit: Kit, data: Path, out: Path) -> list[str]:
              ["--depth", str(c["run_depth"]), "--seq-len", "1024", "--total-batch-tokens", "32768"])
     return ["--gpu", f"1x{kit.profile_name()}", *model, "--data", str(data), "--loss-chunk-tokens", "0",
             "--max-epochs", "100000", "--hours", f"{c['run_hours']}",
+            *(["--startup-seconds", f"{c['run_startup_s']:g}"] if c.get("run_startup_s") is not None else []),
             "--checkpoint-every-minutes", f"{c['run_ckpt_minutes']}", "--run-dir", "runs/run", "--out", str(out)]
 
 

@@ -64,6 +64,10 @@ def estimate(
     max_epochs: Annotated[Optional[float], Opt(metavar="E", rich_help_panel=LENGTH,
                                                help="Stop after this many epochs of the data (default 4 with a dataset: Muennighoff "
                                                     "et al. 2023; past 4, repeats lose value)")] = None,
+    startup_seconds: Annotated[Optional[float], Opt(metavar="S", rich_help_panel=LENGTH,
+                                                    help="Seconds a launch takes before its first step (start-up, "
+                                                         "compile), as you measured it (default: 60+120 on a GPU, "
+                                                         "5(+20 compiled) on a CPU, assumed)")] = None,
     depth: Annotated[Optional[int], Opt(metavar="N", rich_help_panel=MODEL,
                                         help="nanochat-style depth, d_model = 64·depth (default: search)")] = None,
     preset: Annotated[Optional[str], Opt(metavar="NAME", rich_help_panel=MODEL,
@@ -213,6 +217,7 @@ def estimate(
         optimizer=optimizer or "adamw", strategy=strategy or "ddp", activation_checkpointing=bool(ac),
         loss_chunk_tokens=loss_chunk_tokens, compile=(not is_cpu) if compiled is None else compiled,
         budget_usd=budget_usd, hours=hours_h, steps=n_steps, dataset_tokens=ds_tokens, max_epochs=max_epochs,
+        startup_seconds=startup_seconds,
         data_dir=data, checkpoint_every_minutes=60.0 if checkpoint_every_minutes is None else checkpoint_every_minutes,
         keep_last=keep_last,
         headroom=headroom, mfu=mfu, run_dir=run_dir, spot=_spot_request(spot, mtbi, checkpoint_every_minutes),

@@ -214,7 +214,7 @@ def build_plan(req: PlanRequest, plan_path: str = "plan.json") -> Plan:
     usd_per_hour = g * hw.usd_per_gpu_hour
 
     # the hours are the launch's paid hours: start-up and compile warm-up, then the steps (planner/startup.py)
-    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, req.compile)
+    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, req.compile, req.startup_seconds)
     if req.steps is not None:
         steps = req.steps
         hours = paid_seconds(steps, tp.step_seconds, fixed_s) / 3600

@@ -67,6 +67,7 @@ class Settings:
     dataset_tokens: int | None = None
     max_epochs: float | None = FRESH_EPOCHS   # with a dataset: never plan more epochs than this
     compile: bool | None = None               # torch.compile; None: on for GPUs, off for CPU (the runner's default)
+    startup_seconds: float | None = None      # a launch's start-up and compile, measured; None: planner/startup.py
 
 
 class Candidate(NamedTuple):

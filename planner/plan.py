@@ -128,6 +128,9 @@ class PlanRequest(_Strict):
     budget_usd: float | None = Field(default=None, gt=0, le=1e12, **Finite)
     hours: float | None = Field(default=None, gt=0, le=1e6, **Finite)
     steps: int | None = Field(default=None, gt=0, le=10**12)
+    # seconds a launch pays before its first step (start-up, compile), as measured; None: planner/startup.py's
+    # assumptions. Absent in plans written before it (_LATER_FIELDS).
+    startup_seconds: float | None = Field(default=None, ge=0, le=86_400, **Finite)
     dataset_tokens: int | None = Field(default=None, gt=0, le=MAX_COUNT)
     max_epochs: float | None = Field(default=None, gt=0, le=1e6, **Finite)  # stop early at this many epochs
     data_dir: str | None = None
@@ -415,7 +418,7 @@ def trained_fields(doc: dict[str, Any]) -> dict[str, Any]:
 # plan.json written before them hashes as it did (its checkpoints still resume).
 _LATER_FIELDS = (("spot",), ("request", "spot"), ("request", "profile", "storage_gb_s"),
                  ("request", "profile", "prices", "*", "spot"), ("request", "trainer", "window_pattern"),
-                 ("training", "data_parallel"), ("training", "hsdp_shard"))
+                 ("training", "data_parallel"), ("training", "hsdp_shard"), ("request", "startup_seconds"))
 # Fields added later with a default that is not None (issue 29: tensor parallelism): left out at that default.
 _LATER_DEFAULTS: tuple[tuple[tuple[str, ...], Any], ...] = (
     (("request", "tp"), 1), (("request", "sequence_parallel"), True),

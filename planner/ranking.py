@@ -169,7 +169,7 @@ def with_objective(result: SearchResult, objective: str, hours: float | None = N
 
 def launch_fixed_s(result: SearchResult) -> float:
     """The launch's start-up and compile seconds of every run of a search (planner/startup.py)."""
-    return fixed_seconds(result.hw.profile.kind, result.hw.nodes, result.compiled)
+    return fixed_seconds(result.hw.profile.kind, result.hw.nodes, result.compiled, result.settings.startup_seconds)
 
 
 def _steps_at(hours: float, step_s: float, fixed_s: float) -> int:

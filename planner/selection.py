@@ -51,7 +51,8 @@ def search(models: Sequence[ModelSpec], hw: Hardware, length: Length, settings: 
     run_hours = (length.hours if length.hours is not None else
                  length.budget_usd / usd_per_hour if length.budget_usd is not None else 0.0)
     compiled = hw.profile.kind == "gpu" if settings.compile is None else settings.compile   # SearchResult.compiled
-    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, compiled)     # every run pays its launch (planner/startup.py)
+    fixed_s = fixed_seconds(hw.profile.kind, hw.nodes, compiled,    # every run pays its launch (planner/startup.py)
+                            settings.startup_seconds)
     spend_hours, ranked, size_cap = choose(grid.fitting, objective, length.steps, run_hours, tb,
                                            settings.dataset_tokens, epoch_cap_steps(settings), usd_per_hour, fixed_s)
     if settings_tol > 0:
@@ -89,7 +90,8 @@ def settings_from(base: dict[str, Any]) -> Settings:
                     precision=base.get("precision", "bf16-autocast"), optimizer=base.get("optimizer", "adamw"),
                     loss_chunk_tokens=base.get("loss_chunk_tokens", DEFAULT_LOSS_CHUNK_TOKENS), headroom=base.get("headroom", DEFAULT_HEADROOM),
                     mfu=base.get("mfu"), dataset_tokens=base.get("dataset_tokens"),
-                    max_epochs=base.get("max_epochs") or FRESH_EPOCHS, compile=base.get("compile"))
+                    max_epochs=base.get("max_epochs") or FRESH_EPOCHS, compile=base.get("compile"),
+                    startup_seconds=base.get("startup_seconds"))
 
 
 def length_from(base: dict[str, Any]) -> Length:

@@ -37,8 +37,11 @@ COMPILE_SOURCE = {
 }
 
 
-def fixed_seconds(kind: str, nodes: int, compile: bool) -> float:
-    """Seconds a launch pays before its first step trains: start-up, a multi-node rendezvous, compile warm-up."""
+def fixed_seconds(kind: str, nodes: int, compile: bool, measured: float | None = None) -> float:
+    """Seconds a launch pays before its first step trains: start-up, a multi-node rendezvous, compile warm-up;
+    `measured` (estimate --startup-seconds: what a launch on this machine took) replaces the assumptions."""
+    if measured is not None:
+        return measured
     k = "gpu" if kind == "gpu" else "cpu"
     return START_UP_S[k] + (RENDEZVOUS_S if nodes > 1 else 0.0) + (COMPILE_S[k] if compile else 0.0)
 

@@ -231,3 +231,24 @@ def test_the_summary_shows_the_mfu_the_hours_come_from() -> None:
     assert f"MFU {tp.effective_mfu:.0%})" in speed and f"{tp.mfu:.0%}" not in speed
     assert p.budget.hours * 3600 == _approx(p.budget.startup_seconds + 1000 * p.schedule.tokens_per_step /
                                             tp.tokens_per_sec)
+
+
+def test_a_measured_start_up_replaces_the_assumed_one(monkeypatch, capsys, tmp_path) -> None:
+    """--startup-seconds: what a launch took where it was measured (the GPU kit's small run, a probe) replaces the
+    60 s + 120 s a GPU plan otherwise assumes; pinned plans and the search count it alike."""
+    from planner.plan import load_plan
+
+    monkeypatch.chdir(tmp_path)
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--gpu", "8xH100", "--depth", "4", "--hours", "0.01",
+                           "--out", "a.json")
+    assert code == 2 and "start-up and compile warm-up (3.0 min)" in err, err
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--gpu", "8xH100", "--depth", "4", "--hours", "0.01",
+                           "--startup-seconds", "10", "--out", "b.json")
+    plan = load_plan(tmp_path / "b.json")
+    assert code == 0 and plan.budget.startup_seconds == 10 and plan.request.startup_seconds == 10, err
+    assert plan.schedule.total_steps == int((36 - 10) / plan.throughput.step_seconds)
+    code, _, err = run_cli(monkeypatch, capsys, "estimate", "--gpu", "8xH100", "--hours", "0.05",
+                           "--startup-seconds", "10", "--out", "c.json")
+    searched = load_plan(tmp_path / "c.json")
+    assert code == 0 and searched.budget.startup_seconds == 10, err
+    assert searched.schedule.total_steps == int((180 - 10) / searched.throughput.step_seconds)

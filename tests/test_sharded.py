@@ -98,8 +98,10 @@ def test_learns_as_ddp_does_and_resumes_exactly(runs, ddp_run: Path) -> None:
     for s, a in last.items():
         b = ref[s]
         if st == "zero1":            # DDP's all-reduce and step, the optimizer step split between ranks
-            assert (a["loss"], a["grad_norm"], a["lr"], a.get("val_loss")) == \
-                (b["loss"], b["grad_norm"], b["lr"], b.get("val_loss")), s
+            assert (a["loss"], a["grad_norm"], a["lr"]) == (b["loss"], b["grad_norm"], b["lr"]), s
+            # the validation passes: every 8 steps in both; before a checkpoint (wall-clock cadence) where both had one
+            if s % 8 == 0 or ("val_loss" in a and "val_loss" in b):
+                assert a.get("val_loss") == b.get("val_loss"), s
         else:                        # reduce-scatter of pre-divided gradients: last-bit differences
             assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), s
             assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4), s

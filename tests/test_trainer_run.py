@@ -364,7 +364,8 @@ def test_a_torchtitan_run_killed_and_relaunched_keeps_the_budget(tmp_path: Path,
     path = os.pathsep.join([str(STANDINS / "torchtitan_pkg"), os.environ.get("PYTHONPATH", str(REPO))])
     env = {**os.environ, **KNOBS, "PYTHONPATH": path, "NANOPLAN_TRAINER_STARTUP_S": "5"}
     t = Trainer("torchtitan", ["--trainer", "torchtitan", "--preset", "debugmodel", "--gpu", "2xH100",
-                               "--device-batch-size", "1", "--total-batch-tokens", "4096", "--mfu", "0.005"],
+                               "--device-batch-size", "1", "--total-batch-tokens", "4096", "--mfu", "0.005",
+                               "--startup-seconds", "5"],           # planned with the start-up it is run with
                 44.0, 2, titan_steps, titan_complete, titan_weights, re.compile(r"step:\s+(\d+)\s+"), 0,
                 re.compile(r"--checkpoint\.interval (\d+)"), re.compile(r"--checkpoint\.load-step (\d+)"), env, None,
                 later_save=False)    # torchrun's start-up is seconds: its first save, not the relaunch after it
@@ -384,7 +385,8 @@ def test_a_deepspeed_run_killed_and_relaunched_keeps_the_budget(tmp_path: Path, 
     env = {**os.environ, **KNOBS, "NANOPLAN_TRAINER_STARTUP_S": "1.5"}
     t = Trainer("deepspeed", ["--trainer", "deepspeed", "--style", "gpt2", "--n-layer", "2", "--d-model", "64",
                               "--n-head", "2", "--vocab-size", "256", "--seq-len", "64", "--gpu", "2xH100",
-                              "--device-batch-size", "1", "--total-batch-tokens", "128", "--mfu", "0.0000017"],
+                              "--device-batch-size", "1", "--total-batch-tokens", "128", "--mfu", "0.0000017",
+                              "--startup-seconds", "1.5"],
                 26.0, 2, ds_steps, ds_complete, ds_weights, re.compile(r"\bstep=(\d+), skipped"), 0,
                 re.compile(r"--save-every (\d+)"), re.compile(r"--load-tag global_step(\d+)"), env, tdir)
     promise(t, tmp_path, capsys)

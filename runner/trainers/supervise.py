@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from planner.plan import Plan, plan_hash
-from planner.spot import COMPILE_S, START_UP_S
+from planner.startup import fixed_seconds
 from runner.clock import _env_float, boottime, deadline_seconds
 from runner.display import stop_summary, summary_lines
 from runner.launcher import StopRequests, launch_env
@@ -62,13 +62,13 @@ RELAUNCH = -1           # _attempt: the trainer was stopped right after a save, 
 
 
 def startup_guess(plan: Plan) -> float:
-    """A first launch's start-up before one is measured: NANOPLAN_TRAINER_STARTUP_S, else planner/spot.py's
-    assumptions (the start-up and the compile warm-up of the plan's kind of machine)."""
+    """A first launch's start-up before one is measured: NANOPLAN_TRAINER_STARTUP_S, else the plan's own (estimate
+    --startup-seconds, or planner/startup.py's assumptions for its kind of machine: start-up and compile warm-up)."""
     set_ = _env_float(ENV_STARTUP, -1.0) if os.environ.get(ENV_STARTUP) else -1.0
     if set_ >= 0:
         return set_
-    k = "gpu" if plan.request.profile.kind == "gpu" else "cpu"
-    return START_UP_S[k] + (COMPILE_S[k] if plan.request.compile else 0.0)
+    req = plan.request
+    return fixed_seconds(req.profile.kind, 1, req.compile, req.startup_seconds)   # one node: multi-node is refused
 
 
 class Supervisor:

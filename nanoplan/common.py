@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlanError
 from planner.profiles import HardwareProfile, load_profile_file, parse_gpu_spec
@@ -182,3 +182,19 @@ def wrap_command(prefix: str, words: list[str], width: int | None, indent: str =
             cur = f"{cur} {u}"
     lines.append(cur)
     return "\n".join(lines)
+
+
+def check_run_args(plan: Any, plan_path: str, run_dir: str | None, max_restarts: int) -> None:
+    """`nanoplan run`'s checks shared by every trainer: --max-restarts, and the plan's own run dir when no
+    --run-dir is given (runner.preflight.check_plan_run_dir)."""
+    from planner.errors import PlanError  # noqa: PLC0415
+
+    if max_restarts < 0:
+        raise PlanError("--max-restarts", f"must be >= 0, got {max_restarts}")
+    if run_dir is None:
+        from runner.preflight import check_plan_run_dir  # noqa: PLC0415
+
+        bad = check_plan_run_dir(plan.launch.run_dir)
+        if bad:
+            raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad,
+                            f"pass --run-dir {plan.launch.run_dir} to use it anyway")

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from nanoplan.cli import app
-from nanoplan.common import at_least, examples
+from nanoplan.common import at_least, check_run_args, examples
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
@@ -124,14 +124,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         raise PlanError("--nnodes", f"{nodes} but the plan is for {plan.hardware.nodes} node(s)", "re-plan, or --force")
     if nodes > 1 and not rdzv_endpoint:
         raise PlanError("--rdzv-endpoint", f"{nodes} nodes need a rendezvous endpoint", "pass --rdzv-endpoint HOST:PORT")
-    if max_restarts < 0:
-        raise PlanError("--max-restarts", f"must be >= 0, got {max_restarts}")
-    if run_dir is None:
-        from runner.preflight import check_plan_run_dir  # noqa: PLC0415
-
-        bad = check_plan_run_dir(plan.launch.run_dir)
-        if bad:
-            raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad, f"pass --run-dir {plan.launch.run_dir} to use it anyway")
+    check_run_args(plan, plan_path, run_dir, max_restarts)
     rdir = run_dir or plan.launch.run_dir
     if dry_run:
         if probe:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from nanoplan.common import check_run_args
 from planner.errors import PlanError
 
 if TYPE_CHECKING:
@@ -46,14 +47,7 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
                         "drop it")
     if nnodes is not None and nnodes != plan.hardware.nodes:
         raise PlanError("--nnodes", f"{nnodes} but the plan is for {plan.hardware.nodes} node(s)", "re-plan it")
-    if max_restarts < 0:
-        raise PlanError("--max-restarts", f"must be >= 0, got {max_restarts}")
-    if run_dir is None:
-        from runner.preflight import check_plan_run_dir  # noqa: PLC0415
-
-        bad = check_plan_run_dir(plan.launch.run_dir)
-        if bad:
-            raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad, f"pass --run-dir {plan.launch.run_dir} to use it anyway")
+    check_run_args(plan, plan_path, run_dir, max_restarts)
     from planner.build import rederive  # noqa: PLC0415
 
     fresh, stale = rederive(plan, plan_path)

@@ -83,9 +83,20 @@ class Adapter:
     def checkpoint_dir(self, run_dir: Path) -> Path:
         raise NotImplementedError
 
+    # a trainer that writes one directory per checkpoint (torchtitan's step-N, DeepSpeed's global_stepN): its
+    # name as a pattern whose group is the step, and as a format; `steps` and `paths` then need nothing else
+    step_dir_re: re.Pattern[str] | None = None
+    step_dir_name = ""
+
     def steps(self, run_dir: Path) -> list[int]:
         """Every step with any checkpoint file (complete or not), ascending."""
-        raise NotImplementedError
+        if self.step_dir_re is None:
+            raise NotImplementedError
+        try:
+            names = [p.name for p in self.checkpoint_dir(run_dir).iterdir()]
+        except OSError:
+            return []
+        return sorted(int(m[1]) for n in names if (m := self.step_dir_re.match(n)))
 
     def problem(self, run_dir: Path, step: int, world: int) -> str | None:
         """Why the checkpoint of `step` (written by `world` ranks) is not complete and loadable, or None."""
@@ -97,7 +108,10 @@ class Adapter:
 
     def paths(self, run_dir: Path, step: int) -> list[Path]:
         """The files or directories that make up the checkpoint of `step` (to clean an unfinished one)."""
-        raise NotImplementedError
+        if not self.step_dir_name:
+            raise NotImplementedError
+        p = self.checkpoint_dir(run_dir) / self.step_dir_name.format(step=step)
+        return [p] if p.exists() or p.is_symlink() else []
 
     def run_files(self, run_dir: Path) -> list[Path]:
         """What else it writes in the run dir (never through a link: runner/trainers/records.py `link_in`)."""

@@ -51,6 +51,7 @@ SCRIPT = "train.py"
 class Deepspeed(Adapter):
     name = "deepspeed"
     reshards = False
+    step_dir_re, step_dir_name = STEP_DIR, "global_step{step}"      # save_checkpoint's tag (engine.py)
     stops_by = ("its step count (--steps, where the script saves and exits), or SIGKILL of its process tree right "
                 "after a complete save: no signal makes a DeepSpeed script save")
 
@@ -70,17 +71,6 @@ class Deepspeed(Adapter):
     # ---------------------------------------------------------------- checkpoints
     def checkpoint_dir(self, run_dir: Path) -> Path:
         return run_dir.resolve() / "checkpoints"
-
-    def steps(self, run_dir: Path) -> list[int]:
-        try:
-            names = [p.name for p in self.checkpoint_dir(run_dir).iterdir()]
-        except OSError:
-            return []
-        return sorted(int(m[1]) for n in names if (m := STEP_DIR.match(n)))
-
-    def paths(self, run_dir: Path, step: int) -> list[Path]:
-        p = self.checkpoint_dir(run_dir) / f"global_step{step}"
-        return [p] if p.exists() or p.is_symlink() else []
 
     def written_by(self, run_dir: Path, step: int) -> int | None:
         d = self.checkpoint_dir(run_dir) / f"global_step{step}"

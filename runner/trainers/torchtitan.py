@@ -52,6 +52,7 @@ STEP_DIR = re.compile(r"^step-(\d+)$")
 class Torchtitan(Adapter):
     name = "torchtitan"
     reshards = True
+    step_dir_re, step_dir_name = STEP_DIR, "step-{step}"            # components/checkpoint.py's folder per step
     stops_by = ("its step count (--training.steps, where it saves and exits), or SIGKILL of its process tree right "
                 "after a complete save: it has no signal handler, so no signal makes it save")
 
@@ -72,17 +73,6 @@ class Torchtitan(Adapter):
     # ---------------------------------------------------------------- checkpoints
     def checkpoint_dir(self, run_dir: Path) -> Path:
         return run_dir.resolve() / "torchtitan" / "checkpoint"
-
-    def steps(self, run_dir: Path) -> list[int]:
-        try:
-            names = [p.name for p in self.checkpoint_dir(run_dir).iterdir()]
-        except OSError:
-            return []
-        return sorted(int(m[1]) for n in names if (m := STEP_DIR.match(n)))
-
-    def paths(self, run_dir: Path, step: int) -> list[Path]:
-        p = self.checkpoint_dir(run_dir) / f"step-{step}"
-        return [p] if p.exists() or p.is_symlink() else []
 
     def run_files(self, run_dir: Path) -> list[Path]:
         return [run_dir / "torchtitan"]

@@ -226,6 +226,10 @@ def probe(plan_path: str | Path, *, out: str | Path | None, work_dir: str | Path
         raise PlanError("NANOPLAN_TIME_SCALE", str(e), "unset it or give a number > 0") from None
     parse_faults(os.environ.get(ENV_PROBE_FAULT, ""))     # a bad hook fails here, in one line, not in every trial
     plan = load_plan(plan_path)
+    if (name := plan.request.trainer.name) != "nanoplan":   # probe times the runner's own step (issue 28)
+        raise PlanError(str(plan_path), f"plans {name}'s training step; the probe measures nanoplan's own runner",
+                        f"run it with nanoplan run {plan_path}: its first launch measures {name}'s step, and each "
+                        "relaunch re-derives the save cadence and step count from it")
     if plan.hardware.nodes > 1:
         raise PlanError(str(plan_path), f"is for {plan.hardware.nodes} nodes; the probe runs its trials on this node",
                         "probe a one-node plan of the same GPUs, then re-plan with its DIR/profile.yaml")

@@ -189,3 +189,19 @@ def test_the_profile_index_read_from_name_and_alias_lines_is_the_parsed_profiles
         assert aliases == tuple(profs[name].aliases), name
         for spelling in (name, *aliases):
             assert find_profile(spelling) is profs[name]
+
+
+def test_probe_on_another_trainers_plan_points_to_run(capsys, tmp_path) -> None:
+    """Issue 28: `probe` on a nanochat plan said "needs 8 CUDA GPUs"; it times nanoplan's own step, so it says so
+    in one line and points to `nanoplan run`, which supervises nanochat and measures its step (exit 2)."""
+    from tests.conftest import nanoplan_cli
+
+    code, _, err = nanoplan_cli(["estimate", "--trainer", "nanochat", "--depth", "12", "--gpu", "8xH100", "--budget",
+                                 "100", "--out", "nc.json"], capsys, tmp_path)
+    assert code == 0, err
+    code, out, err = nanoplan_cli(["probe", "nc.json", "--dir", "probe"], capsys, tmp_path)
+    lines = err.strip().splitlines()
+    assert code == 2 and lines[0] == ("error: nc.json: plans nanochat's training step; the probe measures nanoplan's "
+                                      "own runner"), err
+    assert lines[1].startswith("hint: run it with nanoplan run nc.json") and len(lines) == 2
+    assert not (tmp_path / "probe").exists()

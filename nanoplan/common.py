@@ -198,3 +198,16 @@ def check_run_args(plan: Any, plan_path: str, run_dir: str | None, max_restarts:
         if bad:
             raise PlanError(f"{plan_path}: field 'launch.run_dir'", bad,
                             f"pass --run-dir {plan.launch.run_dir} to use it anyway")
+
+
+def record_launch(launch: Any, **start: Any) -> None:
+    """Record a launch before anything is spawned (runner.launcher.Launch.start); a failed write is one line, exit 4."""
+    import typer  # noqa: PLC0415
+
+    from runner.launcher import LaunchWriteError  # noqa: PLC0415
+
+    try:
+        launch.start(**start)
+    except LaunchWriteError as e:
+        typer.echo(f"error: {e}", err=True)
+        raise typer.Exit(4) from None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from nanoplan.cli import app
-from nanoplan.common import at_least, check_run_args, examples
+from nanoplan.common import at_least, check_run_args, examples, record_launch
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
@@ -92,7 +92,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
     from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
-    from runner.launcher import Launch, LaunchWriteError, build_command, launch_env, run_torchrun  # noqa: PLC0415
+    from runner.launcher import Launch, build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
     if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step: supervise it (docs/trainers.md)
@@ -152,8 +152,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         if quick and _done(rpath, plan, quick, launch):
             return                 # a spent run: one line, before the preflight (read-only, no lock, no link)
         _preflight(plan, plan_path, rpath, data, resume, force)
-    launch.acquire()               # exit 2 if another live process holds the run dir (before any --probe trial)
-    try:
+    with launch.held(stops):       # exit 2 if another live process holds the run dir (before any --probe trial)
         bad = check_run_dir_contained(rpath)     # never through a link, whatever --force says
         if bad:
             raise PlanError("preflight", bad, "remove the link, or pass the real directory as --run-dir")
@@ -169,11 +168,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         carried = launch.carried_s(also)
         if _done(rpath, plan, carried, launch, also):
             return
-        try:
-            launch.start(source_hash=source, also=also, carried_s=carried)   # recorded before anything is spawned
-        except LaunchWriteError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(4) from None
+        record_launch(launch, source_hash=source, also=also, carried_s=carried)   # before anything is spawned
         if probe:
             plan_path, plan = _probe(plan_path, plan, rdir, data, force, launch, resumable)
             _preflight(plan, plan_path, rpath, data, resume, force)
@@ -193,12 +188,6 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         env[ENV_LAUNCH_T0] = repr(t0)
         env[ENV_LAUNCH_PID] = str(os.getpid())
         rc = run_torchrun(cmd, env, rdir, stops=stops, pass_fds=launch.pass_fds())
-        launch.finish("ended")
-    except BaseException:
-        launch.finish("interrupted" if stops is not None and stops.names else "failed")
-        raise
-    finally:
-        launch.release()
     if rc:
         raise typer.Exit(rc)
 

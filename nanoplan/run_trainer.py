@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from nanoplan.common import check_run_args
+from nanoplan.common import check_run_args, record_launch
 from planner.errors import PlanError
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
                 probe: bool, max_restarts: int,
                 tensorboard: bool, t0: float, stops: StopRequests | None) -> None:
     from planner.plan import budget_key, plan_hash  # noqa: PLC0415
-    from runner.launcher import Launch, LaunchWriteError  # noqa: PLC0415
+    from runner.launcher import Launch  # noqa: PLC0415
     from runner.trainers import adapter_for  # noqa: PLC0415
     from runner.trainers.records import link_in  # noqa: PLC0415
     from runner.trainers.supervise import Supervisor  # noqa: PLC0415
@@ -79,8 +79,7 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
         if why is not None:            # a spent run: one line, before anything is locked or started
             typer.echo(f"nothing to do: {why}; nothing was started", err=True)
             return
-    launch.acquire()                   # exit 2 if another live process holds the run dir
-    try:
+    with launch.held(stops):           # exit 2 if another live process holds the run dir
         bad = link_in(adapter, rpath)
         if bad:
             raise PlanError("preflight", bad, "remove the link, or pass the real directory as --run-dir")
@@ -95,18 +94,8 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
         if resume and first is not None and first.resume_step is None:
             raise PlanError("--resume", f"{adapter.checkpoint_dir(rpath)} holds no complete checkpoint of {name}",
                             "drop --resume to start afresh")
-        try:
-            launch.start(carried_s=carried)   # recorded before anything is spawned
-        except LaunchWriteError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(4) from None
+        record_launch(launch, carried_s=carried)   # before anything is spawned
         rc = sup.run()
-        launch.finish("ended")
-    except BaseException:
-        launch.finish("interrupted" if stops is not None and stops.names else "failed")
-        raise
-    finally:
-        launch.release()
     if rc:
         raise typer.Exit(rc)
 

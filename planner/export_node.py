@@ -14,59 +14,24 @@ clock, launch ledger, checkpoint cadence and resume: docs/trainers.md), never na
 - torchtitan and DeepSpeed are installed packages: the release the plan models (`pip install
   torchtitan==0.3.0`), or the commit (`pip install git+https://github.com/pytorch/torchtitan@SHA`).
 
-The per-trainer facts are in the two tables below, so the exporters never name a trainer. Pure Python.
+The per-trainer facts are each trainer's (`Trainer.checkout`, `Trainer.node_data_setup` in planner/trainers/), so
+the exporters never name a trainer. Pure Python.
 """
 
 from __future__ import annotations
 
-import math
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from planner.plan import Plan
 
+if TYPE_CHECKING:
+    from planner.trainers import Checkout
+
 TRAINER_DIR = "@NANOPLAN_TRAINER_DIR@"     # placeholder in `nanoplan run` args: the shell variable below
-SHARDS_PER_B_TOKENS = 35                  # nanochat runs/speedrun.sh: ~350 shards for 10B tokens
-MIN_SHARDS = 8                            # its tokenizer trains on the first 8 shards (~2B characters)
-MAX_SHARDS = 1822                         # "The maximum total number of shards available in the entire dataset"
-SHARD_MARGIN = 1.1                        # 10% more than the plan's tokens: the loader crops some
-
-
-@dataclass(frozen=True)
-class Checkout:
-    """A trainer run from a git checkout: the variable naming it, and how to make its environment."""
-
-    env: str                       # NANOCHAT_DIR
-    marker: str                    # a file every checkout has (scripts/base_train.py)
-    env_setup: tuple[str, ...]     # run inside the checkout
-
-
-CHECKOUTS: dict[str, Checkout] = {
-    "nanochat": Checkout("NANOCHAT_DIR", "scripts/base_train.py", (
-        'command -v uv >/dev/null || { curl -LsSf https://astral.sh/uv/install.sh | sh; export PATH="$HOME/.local/bin:$PATH"; }',
-        "[ -d .venv ] || uv venv",
-        "uv sync --extra gpu",
-    )),
-}
-
-
-def _nanochat_data(plan: Plan) -> list[str]:
-    """nanochat's own data and tokenizer for the plan's tokens (its base_train reads them from NANOCHAT_BASE_DIR)."""
-    from planner.trainers.nanochat import DEFAULT_VOCAB  # noqa: PLC0415
-
-    req = plan.request
-    shards = math.ceil(plan.schedule.total_tokens / 1e9 * SHARDS_PER_B_TOKENS * SHARD_MARGIN)
-    shards = min(MAX_SHARDS, max(MIN_SHARDS, shards))
-    vocab = req.model.vocab_size
-    tok = "" if vocab == DEFAULT_VOCAB.get(req.trainer.version or "", vocab) else f" --vocab-size={vocab}"
-    return [f"# nanochat's data ({shards} shards for {plan.schedule.total_tokens / 1e9:.3g}B tokens) and tokenizer",
-            f".venv/bin/python -m nanochat.dataset -n {shards}",
-            f"[ -f \"${{NANOCHAT_BASE_DIR:-$HOME/.cache/nanochat}}/tokenizer/tokenizer.pkl\" ] || "
-            f".venv/bin/python -m scripts.tok_train{tok}"]
-
-
-DATA = {"nanochat": _nanochat_data}
 
 
 @dataclass(frozen=True)
@@ -76,6 +41,7 @@ class TrainerNode:
     repo: str
     ref: str                       # a 40-hex commit, or "package==version"
     checkout: Checkout | None
+    data_setup: Callable[[Plan], list[str]]   # the trainer's own data and tokenizer (Trainer.node_data_setup)
 
     @property
     def is_commit(self) -> bool:
@@ -107,9 +73,8 @@ class TrainerNode:
                  f'[ -d "${c.env}/.git" ] || git clone -q https://github.com/{self.repo} "${c.env}"',
                  f'git -C "${c.env}" fetch -q origin && git -C "${c.env}" checkout -q {self.ref}',
                  f'cd "${c.env}"',
-                 "# its own environment, as its runs/speedrun.sh makes it",
                  *c.env_setup]
-        return lines + DATA.get(self.name, lambda p: [])(plan)
+        return lines + self.data_setup(plan)
 
     def slurm_check(self) -> list[str]:
         """Lines that stop a SLURM job in one line when the trainer's checkout is missing."""
@@ -117,7 +82,7 @@ class TrainerNode:
             return [f"# {self.name} {self.version} ({self.ref}) must be installed in the environment activated above."]
         c = self.checkout
         return [f"# {self.name} {self.version}: a checkout of {self.repo} at {self.ref} on the shared filesystem, with its",
-                "# .venv (uv sync --extra gpu) and data (python -m nanochat.dataset; its runs/speedrun.sh shows how).",
+                f"# {c.setup_hint}.",
                 *self.dir_var("$PWD/" + self.name),
                 f'if [ ! -f "${c.env}/{c.marker}" ]; then',
                 f'    echo "nanoplan: no {self.name} checkout at ${c.env}: clone https://github.com/{self.repo} there at '
@@ -135,4 +100,5 @@ def trainer_node(plan: Plan) -> TrainerNode | None:
     if tr is None:
         return None
     v = tr.version(ref.version)
-    return TrainerNode(name=tr.name, version=v.key, repo=tr.repo, ref=v.ref, checkout=CHECKOUTS.get(tr.name))
+    return TrainerNode(name=tr.name, version=v.key, repo=tr.repo, ref=v.ref, checkout=tr.checkout,
+                       data_setup=tr.node_data_setup)

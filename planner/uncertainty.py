@@ -30,7 +30,6 @@ from planner.speed_errors import ROWS
 Q_LO, Q_HI = 0.1, 0.9
 MIN_RUNS = 8           # fewer runs than this make no band: [min, max] of 7 covers only 6/8 of new runs
 FAMILY = {"A100-40GB": "A100", "A100-80GB": "A100", "H100-SXM": "H100/H200", "H200": "H100/H200", "B200": "B200"}
-TRAINERS_WITH_RUNS = ("nanochat", "torchtitan")   # planner trainers that have public runs of their own
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +45,7 @@ class Run:
 
 
 RUNS: tuple[Run, ...] = tuple(Run(*r) for r in ROWS)
+TRAINERS_WITH_RUNS = frozenset(r.trainer for r in RUNS)   # a plan's trainer that has public runs of its own
 
 
 @dataclass(frozen=True, slots=True)

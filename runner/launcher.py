@@ -28,7 +28,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -417,6 +418,20 @@ class Launch:
 
     def pass_fds(self) -> tuple[int, ...]:
         return (self.lock.fd,) if self.lock is not None and self.lock.fd >= 0 else ()
+
+    @contextmanager
+    def held(self, stops: StopRequests | None) -> Iterator[Launch]:
+        """The run dir locked for this launch (acquire: PlanError, exit 2, if another process holds it); when the
+        block ends, its record's last state (ended; interrupted by a signal; failed) and the lock released."""
+        self.acquire()
+        try:
+            yield self
+            self.finish("ended")
+        except BaseException:
+            self.finish("interrupted" if stops is not None and stops.names else "failed")
+            raise
+        finally:
+            self.release()
 
     def release(self) -> None:
         self.finish()

@@ -31,7 +31,7 @@ from planner.errors import PlanError
 from planner.fit_verdict import Allocator
 from planner.kernels import StepSoftware
 from planner.memory_terms import MemoryEstimate, StepConfig
-from planner.plan import PlanRequest, TrainerRef
+from planner.plan import Plan, PlanRequest, TrainerRef
 from planner.profiles import HardwareProfile
 from planner.scaling import TOKENS_PER_PARAM
 from planner.spec import ModelSpec
@@ -53,6 +53,17 @@ class Version:
     date: str           # YYYY-MM-DD
     label: str          # a few words: "first release", "current", ...
     source: str         # where the facts were read: repository (or package) and paths
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A trainer run from a git checkout rather than an installed package (planner/export_node.py): the variable
+    naming it, a file every checkout has, how to make its environment inside it, and where that is shown."""
+
+    env: str                       # NANOCHAT_DIR
+    marker: str                    # scripts/base_train.py
+    env_setup: tuple[str, ...]     # shell lines run inside the checkout
+    setup_hint: str                # for a SLURM script, where the checkout's environment and data come from
 
 
 @dataclass(frozen=True)
@@ -121,6 +132,19 @@ class Trainer:
     def step_variant(self, req: PlanRequest) -> StepVariant | None:
         """Where the step computes differently from the runner's (planner.compute_model.StepVariant), or None."""
         return None
+
+    # ---------------------------------------------------------------- its launch files and cluster nodes
+
+    def export_notes(self, plan: Plan) -> list[str]:
+        """What `export --for` says beside the files: the settings a file of this trainer cannot comment on."""
+        return []
+
+    # a checkout to clone on a cluster node (None: an installed package, the release or commit the plan models)
+    checkout: Checkout | None = None
+
+    def node_data_setup(self, plan: Plan) -> list[str]:
+        """Shell lines that fetch the trainer's own data and tokenizer on a cluster node (its checkout's tools)."""
+        return []
 
     # ---------------------------------------------------------------- the step
 
@@ -213,5 +237,5 @@ def refuse_first(problems: list[tuple[str, str, str]], trainer: str, version: st
         raise PlanError(field, f"{trainer} {version} cannot express this: {why}", fix)
 
 
-__all__ = ["TRAINERS", "Counts", "Trainer", "Version", "chinchilla_steps", "default_total_batch", "refuse_first",
+__all__ = ["TRAINERS", "Checkout", "Counts", "Trainer", "Version", "chinchilla_steps", "default_total_batch", "refuse_first",
            "step_speed_inputs", "strategy_label", "trainer_for", "with_overheads"]

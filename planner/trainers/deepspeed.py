@@ -35,7 +35,7 @@ from typing import Any
 from planner.counts import n_params
 from planner.memory import estimate
 from planner.memory_terms import F32, MemoryEstimate, StepConfig
-from planner.plan import PlanRequest, TrainerRef
+from planner.plan import Plan, PlanRequest, TrainerRef
 from planner.trainers import Trainer, Version, with_overheads
 
 BF16 = 2
@@ -103,6 +103,15 @@ class DeepSpeed(Trainer):
 
     def strategy_label(self, strategy: str) -> str:
         return f"ZeRO-{STAGE[strategy]}" if strategy in STAGE else strategy
+
+    def export_notes(self, plan: Plan) -> list[str]:
+        """What ds_config.json cannot say (JSON has no comments): train.sh's comments, and `export --for`'s notes."""
+        req, h = plan.request, plan.request.hyper
+        stage = STAGE[req.strategy]
+        return [f"ZeRO-{stage} (zero_optimization.stage {stage}) on {plan.hardware.num_gpus} GPUs",
+                f"ds_config.json: AdamW lr {h.lr:g}, weight decay {h.weight_decay:g} and {h.warmup_steps} warmup "
+                "steps (WarmupDecayLR) are the plan's (request.hyper: nanoplan's defaults, no weight decay, no "
+                "warmup); edit them there for another recipe"]
 
     def request_fields(self, user: dict[str, Any], num_gpus: int, version: str | None,
                        profile: Any = None) -> dict[str, Any]:

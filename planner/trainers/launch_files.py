@@ -22,6 +22,7 @@ from planner.parallelism import data_parallel_degree, hsdp_shard
 from planner.plan import Plan, PlanRequest
 from planner.trainers.deepspeed import (
     ALLGATHER_BUCKET,
+    DEEPSPEED,
     MAX_LIVE,
     PERSISTENCE,
     PREFETCH_BUCKET,
@@ -342,23 +343,13 @@ def deepspeed_argv(req: PlanRequest, nodes: int, gpus_per_node: int, steps: int,
     return [*head, f"--num_gpus={gpus_per_node}", "train.py", "--deepspeed", "--deepspeed_config", "ds_config.json"]
 
 
-def deepspeed_notes(plan: Plan) -> list[str]:
-    """What ds_config.json cannot say (JSON has no comments): train.sh's comments, and `export --for`'s notes."""
-    req, h = plan.request, plan.request.hyper
-    stage = STAGE[req.strategy]
-    return [f"ZeRO-{stage} (zero_optimization.stage {stage}) on {plan.hardware.num_gpus} GPUs",
-            f"ds_config.json: AdamW lr {h.lr:g}, weight decay {h.weight_decay:g} and {h.warmup_steps} warmup steps "
-            "(WarmupDecayLR) are the plan's (request.hyper: nanoplan's defaults, no weight decay, no warmup); "
-            "edit them there for another recipe"]
-
-
 def deepspeed_files(plan: Plan, version_line: str) -> dict[str, str]:
     s = plan.schedule
     notes = [f"{s.total_steps:,} steps x {s.tokens_per_step:,} tokens = {s.total_tokens:,} tokens "
              f"(scheduler.total_num_steps); your train.py should stop there and call engine.save_checkpoint every "
              f"{s.checkpoint_every_steps:,} steps (about {s.checkpoint_every_minutes:g} min)",
              f"sequence length {plan.training.seq_len}: the model nanoplan planned is {plan.model.name} "
-             f"({plan.model.n_params:,} parameters)", *deepspeed_notes(plan)]
+             f"({plan.model.n_params:,} parameters)", *DEEPSPEED.export_notes(plan)]
     return {"ds_config.json": json.dumps(deepspeed_config(plan), indent=2) + "\n",
             "train.sh": _script(version_line, notes, "train.py is your DeepSpeed script (deepspeed.initialize with "
                                 "this config).", plan_argv(plan))}
@@ -420,5 +411,8 @@ def launch_files(plan: Plan) -> dict[str, str]:
 
 
 def export_notes(plan: Plan) -> list[str]:
-    """What `nanoplan export --for` prints beside the files (stderr): the settings a JSON file cannot comment on."""
-    return deepspeed_notes(plan) if plan.request.trainer.name == "deepspeed" else []
+    """What `nanoplan export --for` prints beside the files (stderr): the settings a file cannot comment on."""
+    from planner.trainers import trainer_for  # noqa: PLC0415
+
+    tr = trainer_for(plan.request.trainer)
+    return tr.export_notes(plan) if tr is not None else []

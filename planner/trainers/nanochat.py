@@ -53,10 +53,10 @@ from planner.memory import BREAKDOWN_KEYS
 from planner.memory_backward import block_bw
 from planner.memory_compiled import saved_parts
 from planner.memory_terms import F32, I64, Dims, MemoryEstimate, StepConfig, Walk, block_weights, model_bytes
-from planner.plan import PlanRequest, TrainerRef
+from planner.plan import Plan, PlanRequest, TrainerRef
 from planner.profiles import HardwareProfile
 from planner.spec import ModelSpec
-from planner.trainers import Counts, Trainer, Version, with_overheads
+from planner.trainers import Checkout, Counts, Trainer, Version, with_overheads
 from planner.units import fmt_count
 
 BF16 = 2
@@ -159,6 +159,13 @@ def _matrix_shapes(spec: ModelSpec) -> list[tuple[tuple[int, int], int]]:
     for shp in ((q, d), (kv, d), (kv, d), (d, q), (f, d), (d, f)):
         shapes[shp] = shapes.get(shp, 0) + L
     return list(shapes.items())
+
+
+# a cluster node's data for a plan (planner/export_node.py), as runs/speedrun.sh at 00a562cf fetches it
+SHARDS_PER_B_TOKENS = 35                  # "Approximately 350 shards are needed for 10B tokens of data"
+MIN_SHARDS = 8                            # its tokenizer trains on the first 8 shards (~2B characters)
+MAX_SHARDS = 1822                         # "The maximum total number of shards available in the entire dataset"
+SHARD_MARGIN = 1.1                        # 10% more than the plan's tokens: the loader crops some
 
 
 class Nanochat(Trainer):
@@ -330,6 +337,29 @@ class Nanochat(Trainer):
         # runs that set it too: planner/fit_verdict.py) still applies, and its advice says the trainer sets it.
         return with_overheads(totals[name], name, kinds, totals, overheads, 0.0)
 
+
+
+    # ---------------------------------------------------------------- a cluster node (planner/export_node.py)
+
+    # a checkout, not a package: its environment made with uv, as its runs/speedrun.sh makes it
+    checkout = Checkout("NANOCHAT_DIR", "scripts/base_train.py", (
+        "# its own environment, as its runs/speedrun.sh makes it",
+        'command -v uv >/dev/null || { curl -LsSf https://astral.sh/uv/install.sh | sh; export PATH="$HOME/.local/bin:$PATH"; }',
+        "[ -d .venv ] || uv venv",
+        "uv sync --extra gpu",
+    ), ".venv (uv sync --extra gpu) and data (python -m nanochat.dataset; its runs/speedrun.sh shows how)")
+
+    def node_data_setup(self, plan: Plan) -> list[str]:
+        """Its own data and tokenizer for the plan's tokens (base_train reads them from NANOCHAT_BASE_DIR)."""
+        req = plan.request
+        shards = math.ceil(plan.schedule.total_tokens / 1e9 * SHARDS_PER_B_TOKENS * SHARD_MARGIN)
+        shards = min(MAX_SHARDS, max(MIN_SHARDS, shards))
+        vocab = req.model.vocab_size
+        tok = "" if vocab == DEFAULT_VOCAB.get(req.trainer.version or "", vocab) else f" --vocab-size={vocab}"
+        return [f"# nanochat's data ({shards} shards for {plan.schedule.total_tokens / 1e9:.3g}B tokens) and tokenizer",
+                f".venv/bin/python -m nanochat.dataset -n {shards}",
+                f"[ -f \"${{NANOCHAT_BASE_DIR:-$HOME/.cache/nanochat}}/tokenizer/tokenizer.pkl\" ] || "
+                f".venv/bin/python -m scripts.tok_train{tok}"]
 
 
 NANOCHAT = Nanochat()

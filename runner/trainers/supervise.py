@@ -71,6 +71,17 @@ def startup_guess(plan: Plan) -> float:
     return fixed_seconds(req.profile.kind, 1, req.compile, req.startup_seconds)   # one node: multi-node is refused
 
 
+def stop_keeper(keeper: subprocess.Popen) -> None:
+    """SIGTERM the keeper, which kills the trainer's tree and exits; after 20 s, kill it and the tree ourselves."""
+    keeper.send_signal(signal.SIGTERM)
+    try:
+        keeper.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        keeper.kill()
+        kill_tree(keeper.pid)
+        keeper.wait()
+
+
 class Supervisor:
     """One `nanoplan run` of another trainer's plan. `t0`: the launch's start (CLOCK_BOOTTIME seconds)."""
 
@@ -219,13 +230,7 @@ class Supervisor:
             reason = watch.loop(keeper)
         finally:
             if keeper.poll() is None:
-                keeper.send_signal(signal.SIGTERM)
-                try:
-                    keeper.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    keeper.kill()
-                    kill_tree(keeper.pid)
-                    keeper.wait()
+                stop_keeper(keeper)
             watch.close()
         return self._ended(launch, watch, reason, keeper.returncode, restart)
 
@@ -327,13 +332,7 @@ class _Watch:
             time.sleep(POLL_S)
 
     def _stop(self, keeper: subprocess.Popen, why: str) -> None:
-        keeper.send_signal(signal.SIGTERM)          # the keeper kills the tree and exits
-        try:
-            keeper.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            keeper.kill()
-            kill_tree(keeper.pid)
-            keeper.wait()
+        stop_keeper(keeper)
         self._check_saves(force=True)
         lost = f"; steps {self.saved + 1:,}-{self.done:,} are redone next time" if self.done > self.saved else ""
         self.sup.say(f"nanoplan run: {why}; newest complete checkpoint: step {self.saved:,}{lost}")

@@ -1,7 +1,7 @@
 """The step-time model's free constants, each with its unit and where it comes from.
 
 planner/compute_model.py and planner/throughput.py read `DEFAULT`. All but link_efficiency were fitted by
-benchmarks/fit_speed.py on the 52 calibration rows of benchmarks/public_runs/runs.yaml that have a measured speed
+benchmarks/fit_speed.py on the 53 calibration rows of benchmarks/public_runs/runs.yaml that have a measured speed
 (tensor-parallel rows planned with --tp, as the planner plans them): least absolute deviations of log(predicted /
 measured tokens/s), coordinate descent from a fixed start (a grid, then a golden-section refinement per constant), stopped when a round
 gains less than 1%. The held-out rows judge the result (benchmarks/results/public_runs.md). No constant was fitted
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FIT_DATE = "2026-11-27"   # re-fitted by issue 29's third pass (TP rows in, each trainer's loss and norm kernels)
+FIT_DATE = "2026-11-27"   # re-fitted by issue 29's fourth pass (nanochat's d26 bf16 baseline, dev/LOG.md, in)
 FIT_SOURCE = f"fitted on benchmarks/public_runs calibration set, {FIT_DATE} (benchmarks/fit_speed.py)"
 
 
@@ -26,30 +26,30 @@ class SpeedConstants:
     # shape, a short benchmark) that a training step's GEMMs reach on average: shapes, tails and clocks under
     # sustained load. Hopper and newer (Ada and Blackwell take this value: they have no calibration rows of
     # their own, and B200's one power-limited calibration row is not enough to fit on)...
-    matmul_efficiency: float = 0.7561
+    matmul_efficiency: float = 0.7558
     # ...and Ampere, fitted apart: the same trainer and model (llm-foundry MPT-70B on 64 GPUs) reach 78% of the
     # MAMF in model FLOPs on A100 and 68% on H100 (sustained power draw holds the H100's clock further below
     # the boost clock the MAMF benchmark runs at)
-    matmul_efficiency_ampere: float = 0.9045
+    matmul_efficiency_ampere: float = 0.9043
     # fraction (1) of the attention kernel's published rate (profile speed.attention_tflops, FlashAttention-2's,
     # × the kernel's and the sequence length's cited factors: planner/kernels.py) that training steps reach on their
     # causal FLOPs (7·T·q per token and layer)
-    attention_efficiency: float = 0.7323
+    attention_efficiency: float = 0.7316
     # rate (1) of llm-foundry's Triton flash-attention kernel relative to FlashAttention-2 (planner/kernels.py): the
     # FA2 paper puts it at 1/2.5 to 1/1.3 (A100); fitted inside that range on the rows that run it
-    triton_attention: float = 0.7644
+    triton_attention: float = 0.7651
     # HBM bytes moved by a block's element-wise and norm kernels (forward + backward) per byte it saves for
     # backward: eager, memory_eager.layer_activation_bytes (with the norms' inputs at the autocast width where the
     # trainer runs low-precision norms: StepSoftware.low_precision_norms); compiled, memory_compiled.block_per_token
     # (fused kernels write and read back fewer intermediates): bytes / byte. The loss's logit-wide passes are
     # counted apart, eager or fused as the trainer runs them (StepSoftware.fused_loss)
-    elementwise: float = 10.4785
+    elementwise: float = 10.4737
     # the same for a torch.compile'd step (or hand-fused kernels: llm.c, TinyLlama): inductor fuses the element-wise
     # work around each saved tensor into fewer, larger kernels, so fewer bytes move per byte saved
-    elementwise_compiled: float = 4.6736
+    elementwise_compiled: float = 4.5902
     # fraction (1) of a collective's time hidden by the compute it runs beside (DDP buckets during the last
     # micro-step's backward; FSDP prefetch during every micro-step); the rest shows in the step time
-    overlap: float = 0.6897
+    overlap: float = 0.6903
     # achieved / nominal link bandwidth of NCCL ring collectives (1). An assumption, not fitted (FIT_NOTES)
     link_efficiency: float = 0.8
 
@@ -58,12 +58,12 @@ DEFAULT = SpeedConstants()
 
 # Per constant: which calibration rows move by more than 0.5% when it changes by 10% (benchmarks/fit_speed.py).
 FIT_NOTES: dict[str, str] = {
-    "matmul_efficiency": "29 of the 52 calibration rows (the H100, H200 and B200 ones)",
-    "matmul_efficiency_ampere": "23 of the 52 calibration rows (the A100 ones)",
-    "attention_efficiency": "49 of the 52 calibration rows (attention is 5-70% of their compute)",
+    "matmul_efficiency": "30 of the 53 calibration rows (the H100, H200 and B200 ones)",
+    "matmul_efficiency_ampere": "23 of the 53 calibration rows (the A100 ones)",
+    "attention_efficiency": "50 of the 53 calibration rows (attention is 5-70% of their compute)",
     "triton_attention": "the 21 llm-foundry calibration rows (the only ones that run llm-foundry's Triton kernel)",
-    "elementwise": "31 of the 52 calibration rows (the eager ones)",
-    "elementwise_compiled": "20 of the 52 calibration rows (torch.compile, llm.c and TinyLlama's fused kernels)",
-    "overlap": "20 of the 52 calibration rows (those whose communication is long enough to show)",
+    "elementwise": "31 of the 53 calibration rows (the eager ones)",
+    "elementwise_compiled": "21 of the 53 calibration rows (torch.compile, llm.c and TinyLlama's fused kernels)",
+    "overlap": "20 of the 53 calibration rows (those whose communication is long enough to show)",
     "link_efficiency": "not fitted: on these rows it trades one for one with the overlap; an assumption",
 }

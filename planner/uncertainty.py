@@ -10,10 +10,14 @@ the runs most like it:
    DeepSpeed have no public runs of their own and take every trainer's), compiled or not, single or multi-node
    (`LEVELS`, most specific first).
 
-With n errors e₍₁₎ ≤ … ≤ e₍ₙ₎ of that group, measured / predicted tokens/s lies between exp(−e₍⌈0.9(n+1)⌉₎) and
-exp(−e₍⌊0.1(n+1)⌋₎) (indices clamped to 1…n): the split-conformal interval, which holds a new run of the same kind
-at least 80% of the time when the runs are exchangeable. The chance a plan finishes its tokens within its budget is
-the share of those runs the model did not predict too fast (measured ≥ predicted).
+With n errors e₍₁₎ ≤ … ≤ e₍ₙ₎ of that group, measured / predicted tokens/s lies between exp(−e₍0.9(n+1)₎) and
+exp(−e₍0.1(n+1)₎), a fractional rank read between its two neighbours (Hyndman and Fan's type 6 quantile; ranks
+clamped to 1…n). A new run of the same kind falls below the k-th of n exchangeable errors with probability
+k/(n+1), so this band holds it 80% of the time on average: a P10–P90 band. The split-conformal version (rounding
+the ranks outwards, to ⌊0.1(n+1)⌋ and ⌈0.9(n+1)⌉) promises *at least* 80%, and with the 10 to 20 runs a group
+has it is a P5–P95 band in all but name (n = 17: the group's minimum and maximum, 16/18 = 89%). The chance a plan
+finishes its tokens within its budget is the share of those runs the model did not predict too fast (measured ≥
+predicted).
 benchmarks/public_runs.py checks the bands on the held-out runs, each against a band built without it.
 """
 
@@ -28,7 +32,7 @@ from planner.profiles import Hardware
 from planner.speed_errors import ROWS
 
 Q_LO, Q_HI = 0.1, 0.9
-MIN_RUNS = 8           # fewer runs than this make no band: [min, max] of 7 covers only 6/8 of new runs
+MIN_RUNS = 8           # fewer runs than this make no band: with 7, P10 and P90 are the min and max (6/8)
 FAMILY = {"A100-40GB": "A100", "A100-80GB": "A100", "H100-SXM": "H100/H200", "H200": "H100/H200", "B200": "B200"}
 
 
@@ -101,14 +105,22 @@ def _words(kind: Kind, keys: tuple[str, ...], n: int) -> str:
     return ", ".join(parts)
 
 
+def rank_quantile(sorted_errors: Sequence[float], q: float) -> float:
+    """The q-quantile of sorted values at the fractional rank q·(n+1), read linearly between its neighbours and
+    clamped to the smallest and largest (type 6; module docstring)."""
+    n = len(sorted_errors)
+    r = min(max(q * (n + 1), 1.0), float(n))
+    k = min(int(r), n - 1) if n > 1 else 1
+    lo, hi = sorted_errors[k - 1], sorted_errors[min(k, n - 1)]
+    return lo + (r - k) * (hi - lo)
+
+
 def band_from(errors: Sequence[float]) -> tuple[float, float, float]:
-    """(lo, hi, finish) of measured / predicted from log errors (split-conformal order statistics)."""
+    """(lo, hi, finish) of measured / predicted from log errors: their type-6 P10 and P90 (module docstring)."""
     e = sorted(errors)
     n = len(e)
-    lo_i = min(max(math.floor(Q_LO * (n + 1)), 1), n)
-    hi_i = min(max(math.ceil(Q_HI * (n + 1)), 1), n)
     finish = (sum(1 for x in e if x < 0) + 0.5 * sum(1 for x in e if x == 0)) / n
-    return math.exp(-e[hi_i - 1]), math.exp(-e[lo_i - 1]), finish
+    return math.exp(-rank_quantile(e, Q_HI)), math.exp(-rank_quantile(e, Q_LO)), finish
 
 
 def band_for(kind: Kind, runs: Sequence[Run] = RUNS) -> Band | None:

@@ -144,7 +144,7 @@ def test_nanochat_rows_are_predicted_through_the_plans_own_calls() -> None:
     from planner.trainers import step_speed_inputs
 
     rows = [r for r in RUNS if r.trainer == "nanochat"]
-    assert len(rows) == 9
+    assert len(rows) == 10
     for r in rows:
         inp = inputs(r)
         plan = build_plan(inp.request)

@@ -279,7 +279,7 @@ def estimate(
 
 def trainer_model(trainer: str, version: str | None, *, depth: int | None, preset: str | None, seq_len: int | None,
                   vocab: int | None) -> ModelSpec | None:
-    """The trainer's own model for --depth (nanochat) or --preset (torchtitan's flavours); None: the usual flags."""
+    """The trainer's own model for --depth or --preset (`Trainer.model_for`); None: the usual flags."""
     from planner.plan import TrainerRef  # noqa: PLC0415
     from planner.trainers import TRAINERS, trainer_for  # noqa: PLC0415
 
@@ -287,14 +287,7 @@ def trainer_model(trainer: str, version: str | None, *, depth: int | None, prese
         raise PlanError("--trainer", f"unknown trainer {trainer!r}", f"choose one of {', '.join(TRAINERS)}")
     tr = trainer_for(TrainerRef(name=trainer))  # type: ignore[arg-type]
     assert tr is not None
-    v = tr.version(version).key
-    if trainer == "nanochat" and depth is not None and depth > 0:
-        from planner.trainers.nanochat import model_spec  # noqa: PLC0415
-        return model_spec(v, depth, seq_len or 2048, vocab)
-    if trainer == "torchtitan" and preset is not None:
-        from planner.trainers.torchtitan import flavour_spec  # noqa: PLC0415
-        return flavour_spec(preset, seq_len)
-    return None
+    return tr.model_for(tr.version(version).key, depth=depth, preset=preset, seq_len=seq_len, vocab=vocab)
 
 
 def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, base: dict, plan_path: str,
@@ -302,9 +295,13 @@ def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, bas
     from planner.trainer_fit import plan_for_trainer  # noqa: PLC0415
 
     if spec is None:
+        from planner.plan import TrainerRef  # noqa: PLC0415
+        from planner.trainers import trainer_for  # noqa: PLC0415
+
+        tr = trainer_for(TrainerRef(name=trainer))  # type: ignore[arg-type]
+        hint = tr.model_hint if tr is not None else "give --n-layer/--d-model/--n-head"
         raise PlanError("--trainer", f"{trainer} plans a model you name; nanoplan searches models only for its own "
-                        "runner", {"nanochat": "give --depth N", "torchtitan": "give --preset 8B (or 70B, 405B, "
-                                   "debugmodel)"}.get(trainer, "give --preset, --depth or --n-layer/--d-model/--n-head"))
+                        "runner", hint)
     plan, why = plan_for_trainer(trainer, version, spec, base, user, plan_path=plan_path)
     if why and console is not None:
         from rich.panel import Panel  # noqa: PLC0415

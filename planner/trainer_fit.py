@@ -4,8 +4,9 @@ The trainer (planner/trainers/) maps the user's choices onto request fields and 
 express (PlanError, exit 2). The plan is then built as any other (planner.build.build_plan, whose memory,
 counts and launch come from the trainer). What is left open is tried in the trainer's own terms: the
 largest micro-batch that fits (build_plan), torchtitan's full checkpointing when selective does not fit,
-DeepSpeed's ZeRO stages from the fewest partitions up. When nothing fits, the sentences say why, with
-numbers, and for nanochat which depth does fit.
+DeepSpeed's ZeRO stages from the fewest partitions up (`Trainer.fallbacks`). When nothing fits, the sentences say
+why, with numbers, and, for a trainer with a ladder of its own models (nanochat's depths:
+`Trainer.smaller_models`), the largest that does fit. No trainer is named here: each says its own part.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from planner.build import build_plan, hardware_of
 from planner.plan import Plan, PlanRequest, TrainerRef
 from planner.profiles import parse_gpu_spec
-from planner.trainers import Trainer, refuse_first, strategy_label, trainer_for
+from planner.trainers import Trainer, refuse_first, trainer_for
 from planner.units import fmt_bytes
 
 
@@ -43,39 +44,24 @@ def plan_for_trainer(name: str, version: str | None, spec: Any, base: dict[str, 
     if plan.memory.fits:
         return plan, []
     tried = [plan]
-    for alt in _alternatives(name, user):
+    for alt in tr.fallbacks(user):
         alt_plan = build_plan(_request(tr, v, spec, base, {**user, **alt}), plan_path=plan_path)
         tried.append(alt_plan)
         if alt_plan.memory.fits:
             t = alt_plan.training
-            return alt_plan, [f"{_label(plan)} does not fit ({fmt_bytes(plan.memory.per_gpu_bytes)} per GPU at "
-                              f"micro-batch {plan.training.device_batch_size}); {_label(alt_plan)} fits at micro-batch "
+            return alt_plan, [f"{tr.plan_label(plan.request)} does not fit ({fmt_bytes(plan.memory.per_gpu_bytes)} "
+                              f"per GPU at micro-batch {plan.training.device_batch_size}); "
+                              f"{tr.plan_label(alt_plan.request)} fits at micro-batch "
                               f"{t.device_batch_size} × {t.grad_accum_steps} accumulation "
                               f"({fmt_bytes(alt_plan.memory.per_gpu_bytes)} of {fmt_bytes(alt_plan.memory.capacity_bytes)})."]
     best = min(tried, key=lambda p: p.memory.per_gpu_bytes)
     return best, why_not(best, tr, base, user, v, plan_path)
 
 
-def _alternatives(name: str, user: dict[str, Any]) -> list[dict[str, Any]]:
-    if name == "torchtitan" and user.get("ac_mode") is None and user.get("activation_checkpointing") is None:
-        return [{"ac_mode": "full"}]
-    if name == "deepspeed" and user.get("strategy") is None:
-        return [{"strategy": "zero1"}, {"strategy": "zero2"}]   # fsdp (ZeRO-3) was the first try
-    return []
-
-
-def _label(plan: Plan) -> str:
-    r = plan.request
-    if r.trainer.name == "deepspeed":
-        return strategy_label(r.trainer, r.strategy)
-    if r.trainer.name == "torchtitan":
-        return f"{r.strategy} with {r.trainer.ac_mode} activation checkpointing"
-    return r.trainer.name
-
-
 def why_not(plan: Plan, tr: Trainer, base: dict[str, Any], user: dict[str, Any], version: str,
             plan_path: str) -> list[str]:
-    """Why nothing fits: the state alone against the capacity, and (nanochat) the deepest model that fits."""
+    """Why nothing fits: the state alone against the capacity, the trainer's own reason a smaller micro-batch
+    cannot help (`Trainer.no_fit_note`), and the largest of its own smaller models that fits (`smaller_models`)."""
     m = plan.memory
     b = m.breakdown
     state = b["parameters"] + b["gradients"] + b["optimizer_state"]
@@ -83,27 +69,23 @@ def why_not(plan: Plan, tr: Trainer, base: dict[str, Any], user: dict[str, Any],
            f"{plan.hardware.spec}: {fmt_bytes(m.per_gpu_bytes)} per GPU at micro-batch {plan.training.device_batch_size} "
            f"> {fmt_bytes(m.capacity_bytes)} usable; weights, gradients and optimizer state alone are "
            f"{fmt_bytes(state)} at its {m.peak_phase}."]
-    if tr.name == "nanochat":
-        out.append("nanochat keeps whole fp32 weights and gradients on every GPU (only the optimizer state is "
-                   "sharded) and has no activation checkpointing, so a smaller micro-batch cannot help.")
-        depth = deepest_nanochat(plan, base, user, version, plan_path)
-        if depth:
-            out.append(f"The deepest nanochat model that fits here is d{depth} (--depth {depth}).")
+    if tr.no_fit_note:
+        out.append(tr.no_fit_note)
+    label = largest_that_fits(plan, tr, base, user, version, plan_path)
+    if label:
+        out.append(f"The largest {tr.name} model below it that fits here is {label}.")
     return out
 
 
-def deepest_nanochat(plan: Plan, base: dict[str, Any], user: dict[str, Any], version: str, plan_path: str) -> int | None:
-    """The largest even depth below the plan's that fits (micro-batch free), or None."""
-    from planner.trainers.nanochat import NANOCHAT, model_spec  # noqa: PLC0415
-
-    spec = plan.request.model
+def largest_that_fits(plan: Plan, tr: Trainer, base: dict[str, Any], user: dict[str, Any], version: str,
+                      plan_path: str) -> str | None:
+    """The label of the largest of the trainer's smaller models that fits (micro-batch free), or None."""
     free = {k: v for k, v in base.items() if k != "device_batch_size"}
-    for depth in range(spec.n_layer - 2 + spec.n_layer % 2, 0, -2):
-        s = model_spec(version, depth, spec.seq_len, spec.vocab_size)
+    for label, spec in tr.smaller_models(plan.request.model, version):
         try:
-            p = build_plan(_request(NANOCHAT, version, s, free, user), plan_path=plan_path)
+            p = build_plan(_request(tr, version, spec, free, user), plan_path=plan_path)
         except ValueError:
             continue
         if p.memory.fits:
-            return depth
+            return label
     return None

@@ -132,12 +132,53 @@ def test_nanochat_d64_pcie_guide_says_why_none_fits(tmp_path: Path, capsys) -> N
     assert code == 1, err
     text = " ".join(out.replace("│", " ").split())
     assert "weights, gradients and optimizer state alone are" in text
-    assert "The deepest nanochat model that fits here is d" in text
-    depth = int(text.split("The deepest nanochat model that fits here is d")[1].split()[0])
+    assert "The largest nanochat model below it that fits here is d" in text
+    depth = int(text.split("The largest nanochat model below it that fits here is d")[1].split()[0])
     ok = nanochat_plan(depth, "8xH100-PCIe", 1, version="2026-07", headroom=DEFAULT_HEADROOM, device_batch_size=None)
     over = nanochat_plan(depth + 2, "8xH100-PCIe", 1, version="2026-07", headroom=DEFAULT_HEADROOM, device_batch_size=None)
     assert ok.memory.fits and not over.memory.fits
     assert not load_plan(tmp_path / "d64.json").memory.fits
+
+
+def test_torchtitan_falls_back_to_full_checkpointing_when_selective_does_not_fit() -> None:
+    """8B at sequence 8192 on 4 A100-40GB: selective-op checkpointing needs 50 GiB at micro-batch 1, full fits; the
+    sentence names both by the trainer's own label (Trainer.plan_label), and a user's own choice is not overridden."""
+    from planner.trainers.torchtitan import flavour_spec
+
+    spec = flavour_spec("8B", 8192)
+    plan, why = plan_for_trainer("torchtitan", None, spec, base("4xA100-40GB", total_batch_tokens=8192 * 16), {})
+    assert plan.memory.fits and plan.request.trainer.ac_mode == "full"
+    assert len(why) == 1 and why[0].startswith("fsdp with selective-op activation checkpointing does not fit (")
+    assert "; fsdp with full activation checkpointing fits at micro-batch 1 × 4 accumulation" in why[0]
+    chosen, why = plan_for_trainer("torchtitan", None, spec, base("4xA100-40GB", total_batch_tokens=8192 * 16),
+                                   {"ac_mode": "selective-op"})
+    assert not chosen.memory.fits and chosen.request.trainer.ac_mode == "selective-op"
+    assert why[0].startswith("llama-L32-d4096 (8.03B params) does not fit with torchtitan")
+
+
+def test_each_trainer_says_its_own_fallbacks_labels_and_model_flags() -> None:
+    from planner.trainers import trainer_for
+
+    titan, ds, chat = (trainer_for(TrainerRef(name=n)) for n in ("torchtitan", "deepspeed", "nanochat"))  # type: ignore[arg-type]
+    assert titan.fallbacks({}) == [{"ac_mode": "full"}] and titan.fallbacks({"ac_mode": "selective-op"}) == []
+    assert titan.fallbacks({"activation_checkpointing": False}) == []
+    assert ds.fallbacks({}) == [{"strategy": "zero1"}, {"strategy": "zero2"}] and ds.fallbacks({"strategy": "fsdp"}) == []
+    assert chat.fallbacks({}) == [] and chat.no_fit_note and not titan.no_fit_note
+    assert [label for label, _ in chat.smaller_models(model_spec("2026-07", 7), "2026-07")] == [
+        "d6 (--depth 6)", "d4 (--depth 4)", "d2 (--depth 2)"]
+    assert titan.smaller_models(llama(32, 4096, 32, 8), "0.3") == []
+    assert chat.model_for("2026-07", depth=12, preset=None, seq_len=None, vocab=None) == model_spec("2026-07", 12)
+    assert titan.model_for("0.3", depth=None, preset=None, seq_len=None, vocab=None) is None
+
+
+@pytest.mark.parametrize(("trainer", "hint"), [("nanochat", "give --depth N"),
+                                               ("torchtitan", "give --preset 8B (or 70B, 405B, debugmodel)")])
+def test_a_trainer_plan_without_a_model_names_the_trainers_own_flag(trainer: str, hint: str, tmp_path: Path,
+                                                                     capsys) -> None:
+    code, out, err = cli(["estimate", "--trainer", trainer, "--gpu", "8xH100", "--budget", "100"], capsys, tmp_path)
+    assert code == 2, (out, err)
+    error, got = error_and_hint(err)
+    assert f"{trainer} plans a model you name" in error and got == hint
 
 
 # --------------------------------------------------------------------------- refusals (exit 2, one line)

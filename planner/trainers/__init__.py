@@ -12,6 +12,9 @@ a `Trainer` here says, with a source for each part, what that trainer's step doe
   embedding, sharded optimizer state and full logits; torchtitan: fp32 sharded state under FSDP2 mixed
   precision and its activation-checkpoint modes; DeepSpeed: ZeRO's fp32 master state and buckets);
 - its parameter and FLOP counts (`counts`); its launch command and files are in launch_files.py;
+- the model flags it plans (`model_for`, `model_hint`: nanochat's --depth, torchtitan's --preset), what to try when
+  the first plan does not fit (`fallbacks`, `plan_label`) and, when nothing does, why (`no_fit_note`) and its own
+  smaller models (`smaller_models`: nanochat's depths), so planner/trainer_fit.py names no trainer;
 - its own recipe where it differs from the runner's: a default total batch (`default_total_batch`), where its
   step computes differently (`step_variant`: sliding windows, an FP8 head), how it names a strategy
   (`strategy_label`), and where its launch sets expandable_segments (`allocator_sets`: the fit verdict's advice).
@@ -105,6 +108,37 @@ class Trainer:
         known = ", ".join(f"{v.key} ({v.label}, {v.ref[:12]})" for v in self.versions)
         raise PlanError("--trainer-version", f"{self.name} has no version {want!r} that nanoplan models",
                         f"choose one of {known}")
+
+    # ---------------------------------------------------------------- the model a plan names
+
+    # how a user names this trainer's model, for the refusal when none is named (estimate --trainer)
+    model_hint = "give --preset, --depth or --n-layer/--d-model/--n-head"
+
+    def model_for(self, version: str, *, depth: int | None, preset: str | None, seq_len: int | None,
+                  vocab: int | None) -> ModelSpec | None:
+        """The trainer's own model for --depth or --preset (nanochat's depths, torchtitan's flavours); None: the
+        model comes from the usual flags."""
+        return None
+
+    def smaller_models(self, spec: ModelSpec, version: str) -> list[tuple[str, ModelSpec]]:
+        """(label, model) of this trainer's own models below `spec`, largest first, for "the largest that fits"
+        when nothing fits (nanochat's depths); [] where the trainer has no ladder of its own."""
+        return []
+
+    # ---------------------------------------------------------------- when the first choice does not fit
+
+    # a sentence on why a smaller micro-batch cannot rescue a plan that does not fit ("": it can)
+    no_fit_note = ""
+
+    def fallbacks(self, user: dict[str, Any]) -> list[dict[str, Any]]:
+        """Settings to try, in order, when the first plan does not fit: only what the user left open (None in
+        `user`), each a dict of request choices laid over `user`."""
+        return []
+
+    def plan_label(self, req: PlanRequest) -> str:
+        """How a tried plan is named in the sentences that say which one fits ("zero1", "fsdp with full activation
+        checkpointing")."""
+        return self.name
 
     # ---------------------------------------------------------------- what the trainer can express
 

@@ -104,6 +104,14 @@ class DeepSpeed(Trainer):
     def strategy_label(self, strategy: str) -> str:
         return f"ZeRO-{STAGE[strategy]}" if strategy in STAGE else strategy
 
+    def fallbacks(self, user: dict[str, Any]) -> list[dict[str, Any]]:
+        """ZeRO-1, then ZeRO-2, when ZeRO-3 (the first try, the fewest bytes) does not fit and no stage was
+        chosen: the stage with the fewest partitions that fits communicates least."""
+        return [{"strategy": "zero1"}, {"strategy": "zero2"}] if user.get("strategy") is None else []
+
+    def plan_label(self, req: PlanRequest) -> str:
+        return self.strategy_label(req.strategy)
+
     def export_notes(self, plan: Plan) -> list[str]:
         """What ds_config.json cannot say (JSON has no comments): train.sh's comments, and `export --for`'s notes."""
         req, h = plan.request, plan.request.hyper

@@ -176,6 +176,23 @@ class Nanochat(Trainer):
     # os.environ["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True" before importing torch (PYTORCH_ALLOC_CONF
     # from 50413d2 on): scripts/base_train.py line 12 at 3a5e0bc, line 15 at c6abcdf and 92d63d4
     allocator_sets = "scripts/base_train.py, before importing torch"
+    model_hint = "give --depth N"
+    no_fit_note = ("nanochat keeps whole fp32 weights and gradients on every GPU (only the optimizer state is "
+                   "sharded) and has no activation checkpointing, so a smaller micro-batch cannot help.")
+
+    # ---------------------------------------------------------------- its models
+
+    def model_for(self, version: str, *, depth: int | None, preset: str | None, seq_len: int | None,
+                  vocab: int | None) -> ModelSpec | None:
+        """--depth N: nanochat's own model of that depth (model_spec)."""
+        if depth is None or depth <= 0:
+            return None
+        return model_spec(version, depth, seq_len or 2048, vocab)
+
+    def smaller_models(self, spec: ModelSpec, version: str) -> list[tuple[str, ModelSpec]]:
+        """The even depths below the plan's, deepest first (nanochat's depth ladder)."""
+        return [(f"d{d} (--depth {d})", model_spec(version, d, spec.seq_len, spec.vocab_size))
+                for d in range(spec.n_layer - 2 + spec.n_layer % 2, 0, -2)]
 
     # ---------------------------------------------------------------- what it can express
 

@@ -114,6 +114,21 @@ class Torchtitan(Trainer):
     allocator_sets = "its run_train.sh, and nanoplan's export line"
     separate_projections = True     # wq, wk, wv, wo; w1, w3, w2 (planner/checkpointing.py)
     hybrid_parallel = True          # --parallelism.data_parallel_replicate_degree, tensor_parallel_degree
+    model_hint = "give --preset 8B (or 70B, 405B, debugmodel)"
+
+    def model_for(self, version: str, *, depth: int | None, preset: str | None, seq_len: int | None,
+                  vocab: int | None) -> ModelSpec | None:
+        """--preset NAME: one of torchtitan's Llama 3 flavours (flavour_spec)."""
+        return flavour_spec(preset, seq_len) if preset is not None else None
+
+    def fallbacks(self, user: dict[str, Any]) -> list[dict[str, Any]]:
+        """Full activation checkpointing when selective does not fit and the user chose neither."""
+        if user.get("ac_mode") is None and user.get("activation_checkpointing") is None:
+            return [{"ac_mode": "full"}]
+        return []
+
+    def plan_label(self, req: PlanRequest) -> str:
+        return f"{req.strategy} with {req.trainer.ac_mode} activation checkpointing"
 
     def problems(self, req: PlanRequest, num_gpus: int, nodes: int, gpu_kind: str) -> list[tuple[str, str, str]]:
         out: list[tuple[str, str, str]] = []

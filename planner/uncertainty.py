@@ -179,7 +179,21 @@ def _count(x: float) -> str:
 
 
 def _hours(h: float) -> str:
-    return f"{h:.1f}" if h >= 1 else f"{h * 60:.0f} min"
+    """Hours as a number (the caller adds ' h'), under an hour as minutes: one decimal below 10 minutes."""
+    if h >= 1:
+        return f"{h:.1f}"
+    m = h * 60
+    return f"{m:.1f} min" if m < 10 else f"{m:.0f} min"
+
+
+def hours_span(lo: float, hi: float) -> str:
+    """'28.1–34.0 h', '3.1–3.4 min', '50 min–1.2 h': the unit once where both ends share it."""
+    if lo >= 1:
+        return f"{lo:.1f}–{hi:.1f} h"
+    if hi < 1:
+        d = 1 if hi * 60 < 10 else 0
+        return f"{lo * 60:.{d}f}–{hi * 60:.{d}f} min"
+    return f"{_hours(lo)}–{hi:.1f} h"
 
 
 def _usd(x: float) -> str:
@@ -191,10 +205,11 @@ def inner(u: UncertaintyPlan | None, figure: str) -> str:
     figure has no band."""
     if u is None:
         return ""
-    fmt = {"tokens_per_sec": _count, "tokens": _count, "hours": _hours, "usd": _usd}[figure]
-    s = span(getattr(u, figure), fmt)
-    unit = " h" if figure == "hours" and u.hours is not None and u.hours[0] >= 1 else ""
-    return f"P10–P90 {s}{unit}" if s else ""
+    if figure == "hours":
+        s = hours_span(*u.hours) if u.hours else ""
+    else:
+        s = span(getattr(u, figure), {"tokens_per_sec": _count, "tokens": _count, "usd": _usd}[figure])
+    return f"P10–P90 {s}" if s else ""
 
 
 def suffix(u: UncertaintyPlan | None, figure: str) -> str:

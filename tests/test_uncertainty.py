@@ -25,6 +25,7 @@ from planner.uncertainty import (
     Run,
     band_for,
     band_from,
+    inner,
     kind_of,
     rank_quantile,
     relative_span,
@@ -165,6 +166,18 @@ def test_bands_hold_about_80_percent_of_runs_no_constant_saw() -> None:
     assert total == 79 and 0.75 <= inside / total <= 0.85, (inside, total)
     inside, total = coverage("heldout")
     assert total == 27 and 0.75 <= inside / total <= 0.90, (inside, total)
+
+
+def test_hours_bands_carry_their_unit_once_and_enough_digits() -> None:
+    """A 3-minute plan's band was '3 min–3 min'; a band across the hour lost its unit ('50 min–1.2')."""
+    def band(lo: float, hi: float) -> str:
+        return inner(UncertaintyPlan(basis="x", runs=8, hours=(lo, hi)), "hours")
+
+    assert band(3.1 / 60, 3.4 / 60) == "P10–P90 3.1–3.4 min"
+    assert band(20 / 60, 40 / 60) == "P10–P90 20–40 min"
+    assert band(50 / 60, 1.2) == "P10–P90 50 min–1.2 h"
+    assert band(28.14, 34.0) == "P10–P90 28.1–34.0 h"
+    assert inner(UncertaintyPlan(basis="x", runs=0), "hours") == ""
 
 
 def test_relative_span_words() -> None:

@@ -8,6 +8,7 @@ state. DTensors count their local shard. Rank 0 writes {category: bytes} as JSON
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -60,6 +61,12 @@ def main() -> None:
     if dist.get_rank() == 0:
         Path(sys.argv[2]).write_text(json.dumps(dict(zip(("parameters", "gradients", "optimizer_state"),
                                                          map(int, out.tolist()), strict=True))))
+    # every rank done with its collectives, and the model's and optimizer's tensors gone, before the group is: a
+    # gloo work object still holding a tensor at interpreter exit aborts the rank ("terminate called without an
+    # active exception", exit -6; seen once under load on the zero1 case; pytorch/pytorch#179291 names the cause)
+    dist.barrier()
+    del par, x, out
+    gc.collect()
     dist.destroy_process_group()
 
 

@@ -49,9 +49,10 @@ def plan_for_trainer(name: str, version: str | None, spec: Any, base: dict[str, 
         tried.append(alt_plan)
         if alt_plan.memory.fits:
             t = alt_plan.training
+            fits = "fits, tightly," if alt_plan.memory.verdict == "tight" else "fits"
             return alt_plan, [f"{tr.plan_label(plan.request)} does not fit ({fmt_bytes(plan.memory.per_gpu_bytes)} "
                               f"per GPU at micro-batch {plan.training.device_batch_size}); "
-                              f"{tr.plan_label(alt_plan.request)} fits at micro-batch "
+                              f"{tr.plan_label(alt_plan.request)} {fits} at micro-batch "
                               f"{t.device_batch_size} × {t.grad_accum_steps} accumulation "
                               f"({fmt_bytes(alt_plan.memory.per_gpu_bytes)} of {fmt_bytes(alt_plan.memory.capacity_bytes)})."]
     best = min(tried, key=lambda p: p.memory.per_gpu_bytes)

@@ -149,7 +149,8 @@ def test_torchtitan_falls_back_to_full_checkpointing_when_selective_does_not_fit
     plan, why = plan_for_trainer("torchtitan", None, spec, base("4xA100-40GB", total_batch_tokens=8192 * 16), {})
     assert plan.memory.fits and plan.request.trainer.ac_mode == "full"
     assert len(why) == 1 and why[0].startswith("fsdp with selective-op activation checkpointing does not fit (")
-    assert "; fsdp with full activation checkpointing fits at micro-batch 1 × 4 accumulation" in why[0]
+    assert plan.memory.verdict == "tight"         # the sentence says so too, as the memory line and warning do
+    assert "; fsdp with full activation checkpointing fits, tightly, at micro-batch 1 × 4 accumulation" in why[0]
     chosen, why = plan_for_trainer("torchtitan", None, spec, base("4xA100-40GB", total_batch_tokens=8192 * 16),
                                    {"ac_mode": "selective-op"})
     assert not chosen.memory.fits and chosen.request.trainer.ac_mode == "selective-op"

@@ -200,6 +200,22 @@ def check_run_args(plan: Any, plan_path: str, run_dir: str | None, max_restarts:
                             f"pass --run-dir {plan.launch.run_dir} to use it anyway")
 
 
+def check_rederived(plan: Any, plan_path: str, force: bool) -> None:
+    """`nanoplan run`'s re-derivation, shared by every trainer: a warning when the plan's derived numbers differ from
+    today's planner, and a refusal (unless --force) when the re-derived plan no longer fits."""
+    import typer  # noqa: PLC0415
+
+    from planner.build import rederive  # noqa: PLC0415
+
+    fresh, stale = rederive(plan, plan_path)
+    if stale:
+        typer.echo(f"warning: {len(stale)} derived number(s) in {plan_path} differ from a fresh derivation "
+                   f"(first: {stale[0]}); `nanoplan validate {plan_path}` lists them", err=True)
+        if not fresh.memory.fits and not force:
+            raise PlanError(plan_path, "no longer fits in memory when re-derived",
+                            "re-plan with nanoplan estimate, or --force")
+
+
 def record_launch(launch: Any, **start: Any) -> None:
     """Record a launch before anything is spawned (runner.launcher.Launch.start); a failed write is one line, exit 4."""
     import typer  # noqa: PLC0415

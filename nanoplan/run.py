@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 import typer
 
 from nanoplan.cli import app
-from nanoplan.common import at_least, check_run_args, examples, record_launch
+from nanoplan.common import at_least, check_rederived, check_run_args, examples, record_launch
 from planner.errors import PlanError
 from planner.launch import DEFAULT_MAX_RESTARTS
 
@@ -89,7 +89,6 @@ def run(
 def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, resume: bool, force: bool,
          nnodes: int | None, node_rank: int, rdzv_endpoint: str | None, max_restarts: int, probe: bool,
          t0: float, stops: StopRequests | None, tensorboard: bool = False, trainer_dir: str | None = None) -> None:
-    from planner.build import rederive  # noqa: PLC0415
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
     from runner.launcher import Launch, build_command, launch_env, run_torchrun  # noqa: PLC0415
@@ -112,13 +111,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
 
     if (no_run := runner_problem(plan.request)) is not None:     # hsdp or tensor parallelism: planned, not run
         raise PlanError(plan_path, no_run, RUNNER_HINT)
-    fresh, stale = rederive(plan, plan_path)
-    if stale:
-        typer.echo(f"warning: {len(stale)} derived number(s) in {plan_path} differ from a fresh derivation "
-                   f"(first: {stale[0]}); `nanoplan validate {plan_path}` lists them", err=True)
-        if not fresh.memory.fits and not force:
-            raise PlanError(plan_path, "no longer fits in memory when re-derived",
-                            "re-plan with nanoplan estimate, or --force")
+    check_rederived(plan, plan_path, force)
     nodes = nnodes or plan.hardware.nodes
     if nodes != plan.hardware.nodes and not force:
         raise PlanError("--nnodes", f"{nodes} but the plan is for {plan.hardware.nodes} node(s)", "re-plan, or --force")

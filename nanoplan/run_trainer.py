@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from nanoplan.common import check_run_args, record_launch
+from nanoplan.common import check_rederived, check_run_args, record_launch
 from planner.errors import PlanError
 
 if TYPE_CHECKING:
@@ -48,15 +48,7 @@ def run_trainer(plan: Plan, plan_path: str, run_dir: str | None, *, trainer_dir:
     if nnodes is not None and nnodes != plan.hardware.nodes:
         raise PlanError("--nnodes", f"{nnodes} but the plan is for {plan.hardware.nodes} node(s)", "re-plan it")
     check_run_args(plan, plan_path, run_dir, max_restarts)
-    from planner.build import rederive  # noqa: PLC0415
-
-    fresh, stale = rederive(plan, plan_path)
-    if stale:
-        typer.echo(f"warning: {len(stale)} derived number(s) in {plan_path} differ from a fresh derivation "
-                   f"(first: {stale[0]}); `nanoplan validate {plan_path}` lists them", err=True)
-        if not fresh.memory.fits and not force:
-            raise PlanError(plan_path, "no longer fits in memory when re-derived",
-                            "re-plan with nanoplan estimate, or --force")
+    check_rederived(plan, plan_path, force)
     rpath = Path(run_dir or plan.launch.run_dir)
     tdir = adapter.trainer_dir(trainer_dir)
     phash = plan_hash(plan)

@@ -19,7 +19,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -27,12 +26,11 @@ from pathlib import Path
 import pytest
 
 from planner.profiles import find_profile
-from runner import ledger, runlock
-from runner.launcher import child_pids, pid_alive
+from runner import ledger
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, runner_env
+from tests.launch_tree import LaunchTree
 from tests.test_budget_key import recadenced
-from tests.test_reliability_faults import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -43,40 +41,12 @@ KEEP_FOR_LAST = 0.45            # the second launch's pauses and stall shrink to
 ROOM_AFTER_STALL_S = 8.0        # the last launch's stall leaves this much budget to train and warm down in
 
 
-class Launch:
+class Launch(LaunchTree):
     """One `nanoplan run --probe`, with every process it ever had (polled), and its real time."""
 
     def __init__(self, plan: Path, run: Path, n: int, probe: bool = True) -> None:
-        self.run = run
-        self.log = run.parent / f"launch{n}.log"          # its output (a file: a pipe left unread could block it)
-        self.t0 = time.monotonic()
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "nanoplan", "run", str(plan), *(["--probe"] if probe
-                                          else []), "--run-dir", str(run)], cwd=REPO, env=runner_env(), stdout=log,
-                                         stderr=subprocess.STDOUT, start_new_session=True)
-        self.pids: set[int] = {self.proc.pid}
-        self.end: float | None = None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def poll(self) -> None:
-        todo = list(self.pids if self.proc.poll() is None else [])
-        while todo:
-            for c in child_pids(todo.pop()):
-                if c not in self.pids:
-                    self.pids.add(c)
-                    todo.append(c)
-
-    def live(self) -> list[int]:
-        return [p for p in self.pids if p != self.proc.pid and pid_alive(p)] + (
-            [self.proc.pid] if self.proc.poll() is None else [])
-
-    def wait_until(self, cond, timeout: float, what: str) -> None:  # noqa: ANN001
-        def check() -> bool:
-            self.poll()
-            return cond()
-        wait_for(check, timeout=timeout, what=what)
+        super().__init__([sys.executable, "-m", "nanoplan", "run", str(plan), *(["--probe"] if probe else []),
+                          "--run-dir", str(run)], run, run.parent / f"launch{n}.log", REPO, runner_env())
 
     def first_row(self, segments_before: int, timeout: float = 180) -> float:
         """Seconds from the launch's start to its first metrics row (a new segment), its start-up."""
@@ -84,14 +54,6 @@ class Launch:
                         or self.proc.poll() is not None, timeout, "the launch's first step")
         assert self.proc.poll() is None, self.output()[-3000:]
         return time.monotonic() - self.t0
-
-    def signal_all(self, sig: int, launcher_only: bool = False) -> None:
-        self.poll()
-        for pid in [self.proc.pid] if launcher_only else self.live():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
 
     def stall(self, seconds: float) -> float:
         """SIGSTOP of every process of the launch for `seconds` (a paused machine), then SIGCONT."""
@@ -101,16 +63,7 @@ class Launch:
         return seconds
 
     def wait_gone(self, timeout: float = 120) -> float:
-        """Wait until every process of the launch is gone and the run dir's locks are free; its real time."""
-        wait_for(lambda: not self.live() and runlock.probe(self.run, runlock.LAUNCH_LOCK) is None
-                 and runlock.probe(self.run, runlock.TRAIN_LOCK) is None, timeout=timeout, what="the launch to end")
-        self.proc.wait(timeout=10)
-        self.end = time.monotonic()
-        return self.end - self.t0
-
-    def kill(self) -> None:
-        self.signal_all(signal.SIGKILL)
-        self.proc.wait(timeout=30)
+        return super().wait_gone(timeout)
 
 
 def left(run: Path) -> float:

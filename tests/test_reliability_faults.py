@@ -41,6 +41,7 @@ from runner.checkpoint_meta import read_meta, verify
 from runner.launcher import child_pids
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, runner_env, torchrun, torchrun_cmd
+from tests.launch_tree import wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -103,15 +104,6 @@ def worker_by_rank(torchrun_pid: int) -> dict[int, int]:
         if "RANK" in env:        # a child caught between fork and exec has torchrun's environment, not a rank yet
             out[int(env["RANK"])] = pid
     return out
-
-
-def wait_for(cond, timeout: float = 60, what: str = "") -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def metas(run: Path) -> list[dict]:

@@ -19,7 +19,6 @@ import pickle
 import random
 import re
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from runner import ledger, runlock
-from runner.launcher import child_pids, pid_alive
+from runner import ledger
 from runner.metrics import read_metrics
 from tests.conftest import REPO, nanoplan_cli
+from tests.launch_tree import LaunchTree
 from tests.standins.standin_files import weights_at
 
 pytestmark = pytest.mark.slow
@@ -40,15 +39,6 @@ SEED = int(os.environ.get("NANOPLAN_TRAINER_PROMISE_SEED", "32"))
 STANDINS = REPO / "tests" / "standins"
 KEEP_FOR_LAST = 0.45    # the second launch's pauses and stall shrink to leave this share of the budget to the last one
 KNOBS = {"STANDIN_STEP_S": "0.1", "STANDIN_SAVE_S": "0.1", "STANDIN_FILE_BYTES": "32768", "STANDIN_STARTUP_S": "0.3"}
-
-
-def wait_for(cond: Callable[[], object], timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 # --------------------------------------------------------------------------- the tests' own view of the files
@@ -157,25 +147,16 @@ class Trainer:
 
 # --------------------------------------------------------------------------- one launch
 
-class Launch:
+class Launch(LaunchTree):
     """One `nanoplan run`, with every process it ever had (polled), and its real time."""
 
     def __init__(self, t: Trainer, plan: Path, run: Path, n: int, extra: tuple[str, ...] = ()) -> None:
-        self.run, self.t = run, t
-        self.log = run.parent / f"launch{n}.log"
+        self.t = t
         self.offset = (run / "trainer.log").stat().st_size if (run / "trainer.log").exists() else 0
         args = [sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run), *extra]
         if t.trainer_dir is not None:
             args += ["--trainer-dir", str(t.trainer_dir)]
-        self.t0 = time.monotonic()
-        with open(self.log, "w") as log:
-            self.proc = subprocess.Popen(args, cwd=run.parent, env=t.env, stdout=log, stderr=subprocess.STDOUT,
-                                         start_new_session=True)
-        self.pids: set[int] = {self.proc.pid}
-        self.end: float | None = None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
+        super().__init__(args, run, run.parent / f"launch{n}.log", run.parent, t.env)
 
     def trainer_log(self) -> str:
         p = self.run / "trainer.log"
@@ -188,48 +169,15 @@ class Launch:
         """The most steps its trainer printed it had done."""
         return max((int(m[1]) + self.t.offset for m in self.t.progress.finditer(self.trainer_log())), default=0)
 
-    def poll(self) -> None:
-        todo = list(self.pids if self.proc.poll() is None else [])
-        while todo:
-            for c in child_pids(todo.pop()):
-                if c not in self.pids:
-                    self.pids.add(c)
-                    todo.append(c)
-
-    def live(self) -> list[int]:
-        return [p for p in self.pids if p != self.proc.pid and pid_alive(p)] + (
-            [self.proc.pid] if self.proc.poll() is None else [])
-
-    def wait_until(self, cond: Callable[[], object], timeout: float, what: str) -> None:
-        def check() -> object:
-            self.poll()
-            return cond() or self.proc.poll() is not None
-        wait_for(check, timeout, what)
-        assert self.proc.poll() is None, self.output()[-3000:]
-
     def first_step(self) -> float:
         """Seconds from its start to its trainer's first step line: its start-up."""
         self.wait_until(lambda: self.reached() > 0, 120, f"{self.t.name}'s first step")
         return time.monotonic() - self.t0
 
-    def signal_all(self, sig: int, launcher_only: bool = False) -> None:
-        self.poll()
-        for pid in [self.proc.pid] if launcher_only else self.live():
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-
-    def wait_gone(self, timeout: float = 60) -> float:
-        wait_for(lambda: not self.live() and runlock.probe(self.run, runlock.LAUNCH_LOCK) is None
-                 and runlock.probe(self.run, runlock.TRAIN_LOCK) is None, timeout, "the launch to end")
-        self.proc.wait(timeout=10)
-        self.end = time.monotonic()
-        return self.end - self.t0
-
-    def kill(self) -> None:
-        self.signal_all(signal.SIGKILL)
-        self.proc.wait(timeout=30)
+    def wait_until(self, cond: Callable[[], object], timeout: float, what: str) -> None:
+        """Until `cond` holds; the launch must still be running then."""
+        super().wait_until(lambda: cond() or self.proc.poll() is not None, timeout, what)
+        assert self.proc.poll() is None, self.output()[-3000:]
 
 
 def left(run: Path, budget_s: float) -> float:

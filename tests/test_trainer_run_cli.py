@@ -15,7 +15,8 @@ import pytest
 from runner import runlock
 from runner.metrics import read_metrics
 from tests.conftest import REPO, make_tiny_plan, nanoplan_cli
-from tests.test_trainer_run import KNOBS, STANDINS, wait_for
+from tests.launch_tree import wait_for
+from tests.test_trainer_run import KNOBS, STANDINS
 
 cli = nanoplan_cli
 NANOCHAT = STANDINS / "nanochat"

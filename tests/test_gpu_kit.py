@@ -195,6 +195,19 @@ def test_the_wheels_requirements_are_carried_at_fitting_versions() -> None:
     assert any("pydantic-core==" in p for p in imp.requirement_problems(gone, image - {"pydantic-core"})[0])
 
 
+def test_the_install_constraints_pin_the_kits_wheels() -> None:
+    """What the GPU machine installs is what every other install of this project gets: constraints.txt pins each
+    carried wheel at its version (a Python that already had an older pydantic kept it, and the docs' output of
+    `python benchmarks/gpu_kit_imports.py` changed)."""
+    pins = load("gpu_kit_imports").kit_wheels()
+    constraints = {}
+    for ln in (REPO / "constraints.txt").read_text().splitlines():
+        name, sep, ver = ln.split("#")[0].strip().partition("==")
+        if sep:
+            constraints[name.strip().lower().replace("_", "-")] = ver.strip()
+    assert {n: constraints.get(n) for n in pins} == pins
+
+
 def _touch(d: Path, *names: str) -> None:
     for n in names:
         (d / n).write_bytes(b"")

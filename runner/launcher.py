@@ -16,6 +16,13 @@ launch) still makes the exit code 0. A second signal while no worker has install
 handlers yet (torchrun starting, a multi-node rendezvous waiting for the other nodes) stops
 torchrun itself: exit 130. torchrun dies with `nanoplan run` (PR_SET_PDEATHSIG, SIGTERM), so
 even `kill -9` of the launcher makes the workers checkpoint and stop. Plain Python: no torch.
+
+Nothing goes outside the run dir: the status and stop-request files are RUN_DIR/.nanoplan.status.json and
+.nanoplan.status.stop (`.nanoplan.node{R}.status.*` on node rank R), under the node's launch lock
+(runner.runlock), removed at the start of a launch (one left by a launcher killed with -9) and at its end; the
+status file's bytes are reserved by the launcher, so a worker reports its exit code even on a full disk; and
+torchrun's own per-launch log folder (its default is a new `torchelastic_*` folder in the system's temp dir,
+never removed) is RUN_DIR/torchrun (`PET_LOG_DIR`, torchrun's `--log-dir`; workers' error.json files land there).
 """
 
 from __future__ import annotations
@@ -26,7 +33,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -43,6 +49,8 @@ SHUTDOWN_MIN_S = 60
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_INTERRUPTED = 130          # stopped by a signal before any worker could take over the stop
 ENV_STOP_FILE = "NANOPLAN_STOP_FILE"   # exists once a stop was asked for; holds the signal's name
+ENV_TORCHRUN_LOG_DIR = "PET_LOG_DIR"   # torchrun's --log-dir, read from the environment (torch's argparse_util)
+TORCHRUN_LOGS = "torchrun"             # RUN_DIR/torchrun: torchrun's per-launch log folders
 
 
 def build_command(plan: Plan, plan_path: str, run_dir: str, *, nnodes: int | None = None, node_rank: int = 0,
@@ -67,8 +75,8 @@ def shutdown_timeout_s(plan: Plan) -> int:
     return max(SHUTDOWN_MIN_S, math.ceil(3 * (plan.throughput.step_seconds + s.checkpoint_bytes / 50e6)))
 
 
-def launch_env(plan: Plan, base: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment torchrun runs in.
+def launch_env(plan: Plan, base: dict[str, str] | None = None, log_dir: str | Path | None = None) -> dict[str, str]:
+    """The environment torchrun runs in; `log_dir`: torchrun's log folder (PET_LOG_DIR, module docstring).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's shared TCPStore (torch's default),
     workers restarted by --max-restarts find the previous round's process-group keys in the
@@ -78,6 +86,8 @@ def launch_env(plan: Plan, base: dict[str, str] | None = None) -> dict[str, str]
     env = dict(os.environ if base is None else base)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout_s(plan)))
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    if log_dir is not None:
+        env.setdefault(ENV_TORCHRUN_LOG_DIR, str(log_dir))
     if plan.request.profile.kind == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.hardware.gpus_per_node)))
     return env
@@ -192,31 +202,50 @@ def _die_with_parent(parent: int) -> Callable[[], None] | None:
 
 
 ENV_STATUS = "NANOPLAN_STATUS_FILE"   # runner.stop_record.report_exit writes {"exit_code", "error"} there
+STATUS_BYTES = 4096                   # reserved by the launcher; the worker overwrites them in place, space-padded
+
+
+def status_files(run_dir: str | Path, node_rank: int = 0) -> tuple[Path, Path]:
+    """(status file, stop-request file) of this node's launch in the run dir (module docstring)."""
+    base = ".nanoplan.status" if node_rank == 0 else f".nanoplan.node{node_rank}.status"
+    return Path(run_dir) / f"{base}.json", Path(run_dir) / f"{base}.stop"
+
+
+def reserve_status(path: Path) -> None:
+    """A fresh status file of STATUS_BYTES spaces (a stale one, or a link, is removed first: never followed)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, b" " * STATUS_BYTES)
+    finally:
+        os.close(fd)
 
 
 def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, *, stops: StopRequests | None = None,
-                 heartbeat: Callable[[], None] | None = None, pass_fds: tuple[int, ...] = ()) -> int:
+                 heartbeat: Callable[[], None] | None = None, pass_fds: tuple[int, ...] = (),
+                 node_rank: int = 0) -> int:
     """Run torchrun to completion, stopping it cleanly on SIGTERM/SIGINT/SIGHUP. Returns the exit code.
 
     Workers that stop on purpose with an error (bad input, NaN loss, failed write) exit 0, so
     that torchrun neither restarts them nor prints a traceback, and leave their real exit code
     in the status file; that code is returned here. `heartbeat` is called about once a
-    second while torchrun runs; `pass_fds` are inherited by torchrun (the run-dir lock).
+    second while torchrun runs; `pass_fds` are inherited by torchrun (the run-dir lock, held for this
+    `node_rank`).
     """
-    fd, status = tempfile.mkstemp(prefix="nanoplan-status-", suffix=".json")
-    os.close(fd)
-    stop_file = status + ".stop"
+    status, stop_file = status_files(run_dir, node_rank)
     stops = stops or StopRequests()
     try:
-        rc = _run_torchrun(cmd, {**env, ENV_STATUS: status, ENV_STOP_FILE: stop_file}, run_dir, stops, stop_file,
-                           heartbeat, pass_fds)
+        stop_file.unlink(missing_ok=True)        # a stop asked of a launcher killed with -9 is not this launch's
+        reserve_status(status)
+        rc = _run_torchrun(cmd, {**env, ENV_STATUS: str(status), ENV_STOP_FILE: str(stop_file)}, run_dir, stops,
+                           str(stop_file), heartbeat, pass_fds)
         if rc == 0:
-            rc = int((read_json(Path(status)) or {}).get("exit_code") or 0)
+            rc = int((read_json(status) or {}).get("exit_code") or 0)
         return rc
     finally:
         stops.restore()
-        Path(status).unlink(missing_ok=True)
-        Path(stop_file).unlink(missing_ok=True)
+        status.unlink(missing_ok=True)
+        stop_file.unlink(missing_ok=True)
 
 
 def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, stops: StopRequests, stop_file: str,

@@ -107,11 +107,12 @@ class ProbeResult:
     report_path: Path
 
 
-def trial_env(plan: Plan) -> dict[str, str]:
-    from runner.launcher import launch_env  # noqa: PLC0415
+def trial_env(plan: Plan, work: Path) -> dict[str, str]:
+    """The trials' environment; torchrun's log folders go in the probe's DIR (WORK/torchrun)."""
+    from runner.launcher import TORCHRUN_LOGS, launch_env  # noqa: PLC0415
 
     env = launch_env(plan, {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(TRIAL_SHUTDOWN_S),
-                            "NANOPLAN_TENSORBOARD": "0"})
+                            "NANOPLAN_TENSORBOARD": "0"}, log_dir=work / TORCHRUN_LOGS)
     for k in ("NANOPLAN_FAULT", "NANOPLAN_STATUS_FILE"):   # the run's own fault hooks do not apply to trials
         env.pop(k, None)
     return env
@@ -254,7 +255,7 @@ def _probe_locked(plan: Plan, plan_path: str | Path, out: str | Path | None, wor
     from runner.clock import deadline_seconds  # noqa: PLC0415
 
     check_probe_paths(work, Path(out) if out is not None else None)
-    env = trial_env(plan)
+    env = trial_env(plan, work)
     date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     n_steps = warmup + steps + pp.PHASE_STEPS
 

@@ -7,12 +7,13 @@ is not finite, 4 a run file that could not be written.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Any
 
 from runner.checkpoint_layout import complete_steps, step_dir
-from runner.launcher import ENV_STATUS, io_problem
+from runner.launcher import ENV_STATUS, STATUS_BYTES, io_problem
 from runner.metrics import STOP, write_json
 
 EXIT_OK, EXIT_USAGE, EXIT_NAN, EXIT_WRITE = 0, 2, 3, 4
@@ -69,7 +70,29 @@ def report_exit(code: int, error: str | None = None) -> int:
         return code
     if int(os.environ.get("LOCAL_RANK", "0")) == 0:
         try:
-            write_json(Path(status), {"exit_code": code, "error": error})
+            write_status(Path(status), code, error)
         except OSError:
             return code
     return EXIT_OK if code in DELIBERATE else code
+
+
+def write_status(path: Path, code: int, error: str | None) -> None:
+    """{"exit_code", "error"} into the status file: in place over the bytes the launcher reserved
+    (runner.launcher.reserve_status: no new block is needed, so it works on a full disk), the error cut to fit;
+    a file nobody reserved (NANOPLAN_STATUS_FILE set by hand) is written whole, by rename."""
+    def encoded(err: str | None) -> bytes:
+        return json.dumps({"exit_code": code, "error": err}).encode()
+
+    data = encoded(error)
+    while len(data) > STATUS_BYTES and error:
+        error = error[: len(error) // 2]
+        data = encoded(error + " ...")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        write_json(path, {"exit_code": code, "error": error})
+        return
+    try:
+        os.pwrite(fd, data.ljust(os.fstat(fd).st_size, b" "), 0)
+    finally:
+        os.close(fd)

@@ -126,7 +126,9 @@ def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_t
     assert [r["step"] for r in read_metrics(run)] == list(range(1, stop["step"] + 1))   # one writer only
     assert {r["segment"] for r in read_metrics(run)} == {0}
 
-    a2 = start(plan, run)                    # resumes; then its launcher alone is killed with -9
+    tmp = tmp_path / "tmp"                   # the system's temp dir of the relaunch: nothing may land there
+    tmp.mkdir()
+    a2 = start(plan, run, env={"TMPDIR": str(tmp)})   # resumes; then its launcher alone is killed with -9
     try:
         wait_for(lambda: any(r["segment"] == 1 for r in read_metrics(run)), timeout=90, what="the resumed run")
         pids = process_tree(a2.pid)
@@ -140,6 +142,11 @@ def test_a_second_launch_is_refused_and_sighup_or_kill_9_of_the_launcher_stops_t
     assert verify(step_dir(run, stop2["step"])) == (True, "ok")
     wait_for(lambda: runlock.probe(run, runlock.LAUNCH_LOCK) is None and runlock.probe(run, runlock.TRAIN_LOCK)
              is None, timeout=30, what="the locks to be released by the kernel")
+    # a launcher killed with -9 cleans nothing up: its status file and torchrun's log folder are in the run dir,
+    # where the next launch finds them, not in the temp dir (it held nanoplan-status-*.json and torchelastic_*).
+    # torch's compile cache (torchinductor_USER) stays where torch keeps it, shared by every run
+    assert [p.name for p in tmp.iterdir() if not p.name.startswith("torchinductor_")] == []
+    assert [len(list(d.iterdir())) for d in (run / "torchrun").iterdir()] == [1, 1]   # one attempt per launch
 
 
 def test_locks_name_their_holder_and_die_with_it(tmp_path: Path, tiny_plan) -> None:

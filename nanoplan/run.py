@@ -91,7 +91,14 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
          t0: float, stops: StopRequests | None, tensorboard: bool = False, trainer_dir: str | None = None) -> None:
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
-    from runner.launcher import TORCHRUN_LOGS, Launch, build_command, launch_env, run_torchrun  # noqa: PLC0415
+    from runner.launcher import (  # noqa: PLC0415
+        TORCHRUN_LOGS,
+        Launch,
+        LaunchWriteError,
+        build_command,
+        launch_env,
+        run_torchrun,
+    )
 
     plan = load_plan(plan_path)
     if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step: supervise it (docs/trainers.md)
@@ -180,7 +187,11 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         env[ENV_LAUNCH_ID] = launch.id
         env[ENV_LAUNCH_T0] = repr(t0)
         env[ENV_LAUNCH_PID] = str(os.getpid())
-        rc = run_torchrun(cmd, env, rdir, stops=stops, pass_fds=launch.pass_fds(), node_rank=node_rank)
+        try:
+            rc = run_torchrun(cmd, env, rdir, stops=stops, pass_fds=launch.pass_fds(), node_rank=node_rank)
+        except LaunchWriteError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(4) from None
     if rc:
         raise typer.Exit(rc)
 

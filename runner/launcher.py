@@ -35,7 +35,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -230,13 +230,17 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, *, st
     that torchrun neither restarts them nor prints a traceback, and leave their real exit code
     in the status file; that code is returned here. `heartbeat` is called about once a
     second while torchrun runs; `pass_fds` are inherited by torchrun (the run-dir lock, held for this
-    `node_rank`).
+    `node_rank`). LaunchWriteError when the status file cannot be made (nothing was started).
     """
     status, stop_file = status_files(run_dir, node_rank)
     stops = stops or StopRequests()
     try:
-        stop_file.unlink(missing_ok=True)        # a stop asked of a launcher killed with -9 is not this launch's
-        reserve_status(status)
+        try:
+            stop_file.unlink(missing_ok=True)        # a stop asked of a launcher killed with -9 is not this launch's
+            reserve_status(status)
+        except OSError as e:
+            raise LaunchWriteError(f"{io_problem(status, e)}; nothing was started (free disk space or fix the run "
+                                   "dir, then run the same command)") from None
         rc = _run_torchrun(cmd, {**env, ENV_STATUS: str(status), ENV_STOP_FILE: str(stop_file)}, run_dir, stops,
                            str(stop_file), heartbeat, pass_fds)
         if rc == 0:
@@ -244,8 +248,9 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, *, st
         return rc
     finally:
         stops.restore()
-        status.unlink(missing_ok=True)
-        stop_file.unlink(missing_ok=True)
+        for p in (status, stop_file):
+            with suppress(OSError):              # a folder in their place: reported above, left as it is
+                p.unlink(missing_ok=True)
 
 
 def _run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, stops: StopRequests, stop_file: str,

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from runner.launcher import STATUS_BYTES, reserve_status, run_torchrun, status_files
+from runner.launcher import STATUS_BYTES, LaunchWriteError, reserve_status, run_torchrun, status_files
 from runner.stop_record import EXIT_WRITE, write_status
-from tests.conftest import REPO
+from tests.conftest import REPO, runner_env
 
 WORKER = """
 import os, sys
@@ -110,3 +110,19 @@ def test_the_exit_code_is_written_on_a_really_full_disk(tmp_path: Path) -> None:
                         sys.executable, "-c", FULL], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.splitlines() == ["full, errno 28", '{"exit_code": 4, "error": "disk full"}'], r.stdout
+
+
+def test_a_folder_in_place_of_the_status_file_is_one_line_and_starts_nothing(tmp_path: Path, tiny_plan) -> None:
+    plan = tiny_plan()
+    run = tmp_path / "run"
+    status, _ = status_files(run)
+    status.mkdir(parents=True)
+    with pytest.raises(LaunchWriteError, match=r"\.nanoplan\.status\.json could not be written: .*EISDIR"):
+        run_worker(run, 0)
+    r = subprocess.run([sys.executable, "-m", "nanoplan", "run", str(plan), "--run-dir", str(run)], cwd=REPO,
+                       env=runner_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 4 and "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.stderr.splitlines()[-1] == (f"error: {status} could not be written: Is a directory [errno EISDIR]; "
+                                         "nothing was started (free disk space or fix the run dir, then run the "
+                                         "same command)")
+    assert not (run / "metrics.jsonl").exists() and status.is_dir()

@@ -241,8 +241,8 @@ def run_torchrun(cmd: list[str], env: dict[str, str], run_dir: str | Path, *, st
         except OSError as e:
             raise LaunchWriteError(f"{io_problem(status, e)}; nothing was started (free disk space or fix the run "
                                    "dir, then run the same command)") from None
-        rc = _run_torchrun(cmd, {**env, ENV_STATUS: str(status), ENV_STOP_FILE: str(stop_file)}, run_dir, stops,
-                           str(stop_file), heartbeat, pass_fds)
+        rc = _run_torchrun(cmd, {**env, ENV_STATUS: str(status.absolute()), ENV_STOP_FILE: str(stop_file.absolute())},
+                           run_dir, stops, str(stop_file), heartbeat, pass_fds)
         if rc == 0:
             rc = int((read_json(status) or {}).get("exit_code") or 0)
         return rc

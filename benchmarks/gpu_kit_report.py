@@ -152,7 +152,7 @@ def _run(result: dict[str, Any]) -> list[str]:
     rec = t.get("result") or {}
     lines = ["", "## (c) nanoplan run: checkpoint, stop, resume", "",
              f"Status: {_cell(t.get('status'))}; a {rec.get('hours', '–')} h plan, launch 1 stopped by SIGINT, "
-             "launch 2 resumed to the deadline.", "", "| check | |", "|---|---|"]
+             "launch 2 resumed and ran to the plan's end.", "", "| check | |", "|---|---|"]
     lines += [f"| {k} | {'yes' if v else '**no**'} |" for k, v in (rec.get("checks") or {}).items()]
     launches = rec.get("launches") or []
     if launches:

@@ -87,11 +87,12 @@ def test_cpu_mode_runs_every_part_end_to_end(cpu_run: tuple[subprocess.Completed
     assert [(t["label"], t["status"]) for t in probe["report"]["trials"]] == [("b1", "ok")]
     assert load_plan(probe["plan"]).training.device_batch_size == 1
 
-    # (c) launch 1 stopped on SIGINT with a checkpoint; launch 2 resumed there and ran to the deadline
+    # (c) launch 1 stopped on SIGINT with a checkpoint; launch 2 resumed there and ran to the deadline (or, on a
+    # machine faster than the CPU profile says, to the plan's last step first)
     run = next(t for t in res["tasks"] if t["task"] == "run")["result"]
     assert all(run["checks"].values()) and len(run["checks"]) == 7, run["checks"]
     (s1, s2) = [la["stop"] for la in run["launches"]]
-    assert (s1["reason"], s2["reason"]) == ("signal", "deadline") and s2["step"] > s1["step"] >= 3
+    assert s1["reason"] == "signal" and s2["reason"] in ("deadline", "total_steps") and s2["step"] > s1["step"] >= 3
     assert [s["first_step"] for s in run["segments"]] == [1, s1["step"] + 1]
     assert run["segments"][1]["last_step"] == s2["step"]
     assert f"step_{s2['step']:08d}" == run["checkpoints"][-1]       # launch 1's may be gone: keep-last 3
@@ -295,12 +296,14 @@ def test_run_checks_catch_a_run_that_did_not_resume() -> None:
         "checkpoints": ["step_00000005", "step_00000029"]}
     rec["segments"] = parts._segments(rows)
     assert all(parts.run_checks(rec, rows, cpu=False).values())
+    rec["launches"][1]["stop"]["reason"] = "total_steps"      # a machine faster than the plan: its last step first
+    assert all(parts.run_checks(rec, rows, cpu=False).values())
     rec["run_info"]["segments"][1]["resumed_from_step"] = None          # launch 2 started over
-    rec["launches"][1]["stop"]["reason"] = "total_steps"                 # and the data, not the budget, ended it
+    rec["launches"][1]["stop"]["reason"] = "signal"                      # and was stopped before the plan's end
     rows[-1]["max_memory_allocated"] = None                              # and one step had no CUDA reading
     failed = [k for k, v in parts.run_checks(rec, rows, cpu=False).items() if not v]
     assert failed == ["launch 2 resumed from that checkpoint",
-                      "launch 2 stopped at the budget's deadline with a checkpoint", "CUDA memory readings"]
+                      "launch 2 ran to the deadline or the last step, with a checkpoint", "CUDA memory readings"]
 
 
 def test_an_eager_oom_is_measured_at_half_the_micro_batch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -299,9 +299,9 @@ def _trainer_plan(trainer: str, version: str | None, spec: ModelSpec | None, bas
         from planner.trainers import trainer_for  # noqa: PLC0415
 
         tr = trainer_for(TrainerRef(name=trainer))  # type: ignore[arg-type]
-        hint = tr.model_hint if tr is not None else "give --n-layer/--d-model/--n-head"
+        assert tr is not None                        # trainer_model checked the name
         raise PlanError("--trainer", f"{trainer} plans a model you name; nanoplan searches models only for its own "
-                        "runner", hint)
+                        "runner", tr.model_hint)
     plan, why = plan_for_trainer(trainer, version, spec, base, user, plan_path=plan_path)
     if why and console is not None:
         from rich.panel import Panel  # noqa: PLC0415

@@ -91,14 +91,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
          t0: float, stops: StopRequests | None, tensorboard: bool = False, trainer_dir: str | None = None) -> None:
     from planner.plan import load_plan  # noqa: PLC0415
     from runner.clock import ENV_LAUNCH_ID, ENV_LAUNCH_PID, ENV_LAUNCH_T0, ENV_TIME_SCALE, _env_float  # noqa: PLC0415
-    from runner.launcher import (  # noqa: PLC0415
-        TORCHRUN_LOGS,
-        Launch,
-        LaunchWriteError,
-        build_command,
-        launch_env,
-        run_torchrun,
-    )
+    from runner.launcher import Launch, LaunchWriteError, build_command, launch_env, run_torchrun  # noqa: PLC0415
 
     plan = load_plan(plan_path)
     if plan.request.trainer.name != "nanoplan":   # planned for another trainer's step: supervise it (docs/trainers.md)
@@ -179,7 +172,7 @@ def _run(plan_path: str, run_dir: str | None, data: str | None, dry_run: bool, r
         from nanoplan.common import output_width, wrap_command  # noqa: PLC0415
 
         typer.echo(wrap_command("launching: ", cmd, output_width(sys.stderr)), err=True)
-        env = launch_env(plan, log_dir=Path(rdir) / TORCHRUN_LOGS)
+        env = launch_env(plan, run_dir=rdir)
         if tensorboard:
             from runner.tensorboard_log import ENV as ENV_TENSORBOARD  # noqa: PLC0415
 

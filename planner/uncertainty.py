@@ -110,7 +110,7 @@ def rank_quantile(sorted_errors: Sequence[float], q: float) -> float:
     clamped to the smallest and largest (type 6; module docstring)."""
     n = len(sorted_errors)
     r = min(max(q * (n + 1), 1.0), float(n))
-    k = min(int(r), n - 1) if n > 1 else 1
+    k = int(r)
     lo, hi = sorted_errors[k - 1], sorted_errors[min(k, n - 1)]
     return lo + (r - k) * (hi - lo)
 

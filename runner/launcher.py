@@ -75,8 +75,9 @@ def shutdown_timeout_s(plan: Plan) -> int:
     return max(SHUTDOWN_MIN_S, math.ceil(3 * (plan.throughput.step_seconds + s.checkpoint_bytes / 50e6)))
 
 
-def launch_env(plan: Plan, base: dict[str, str] | None = None, log_dir: str | Path | None = None) -> dict[str, str]:
-    """The environment torchrun runs in; `log_dir`: torchrun's log folder (PET_LOG_DIR, module docstring).
+def launch_env(plan: Plan, base: dict[str, str] | None = None, run_dir: str | Path | None = None) -> dict[str, str]:
+    """The environment torchrun runs in; with `run_dir`, torchrun's log folders go in RUN_DIR/torchrun (PET_LOG_DIR,
+    module docstring).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's shared TCPStore (torch's default),
     workers restarted by --max-restarts find the previous round's process-group keys in the
@@ -86,8 +87,8 @@ def launch_env(plan: Plan, base: dict[str, str] | None = None, log_dir: str | Pa
     env = dict(os.environ if base is None else base)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout_s(plan)))
     env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    if log_dir is not None:
-        env.setdefault(ENV_TORCHRUN_LOG_DIR, str(log_dir))
+    if run_dir is not None:
+        env.setdefault(ENV_TORCHRUN_LOG_DIR, str(Path(run_dir) / TORCHRUN_LOGS))
     if plan.request.profile.kind == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.hardware.gpus_per_node)))
     return env

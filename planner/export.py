@@ -37,7 +37,7 @@ import yaml
 
 from planner.errors import PlanError, control_char, echo
 from planner.export_node import TRAINER_DIR, trainer_node
-from planner.launch import DEFAULT_MAX_RESTARTS, DEFAULT_RDZV_PORT, torchrun_command
+from planner.launch import DEFAULT_MAX_RESTARTS, DEFAULT_RDZV_PORT, torchrun_command, torchrun_env_lines
 from planner.plan import Plan
 
 # SkyPilot accelerator names for the built-in profiles (`sky show-gpus` lists them).
@@ -342,6 +342,7 @@ def slurm_script(plan: Plan, plan_path: str, *, run_dir: str | None = None, time
         "# On SIGTERM, torchrun gives its workers this long to write their checkpoint before SIGKILL.",
         f"export TORCH_ELASTIC_SHUTDOWN_TIMEOUT={shutdown}",
         "",
+        *([] if runs_nanoplan_run(plan, spot) else [*torchrun_env_lines(rd), ""]),
         *(_slurm_resume(rd, spot) if node is None else
           [*node.slurm_check(), "# nanoplan run resumes the trainer from its newest complete checkpoint by itself.",
            'NANOPLAN_RESUME=""']),
@@ -472,7 +473,8 @@ def skypilot_task(plan: Plan, plan_path: str, *, bucket: str | None, command: st
                 "exec " + " \\\n  ".join(_shell_lines(plan, path, rd, "SKYPILOT_NODE_RANK", "$MASTER_ADDR:$MASTER_PORT",
                                                      spot=True)) + " $NANOPLAN_RESUME"]
     else:
-        run += ["# The same torchrun command as `nanoplan run --dry-run`. The run dir is on the bucket, so a",
+        run += [*torchrun_env_lines(rd),
+                "# The same torchrun command as `nanoplan run --dry-run`. The run dir is on the bucket, so a",
                 "# recovered job (sky jobs launch) resumes from its latest checkpoint by itself.",
                 "exec " + " \\\n  ".join(_shell_lines(plan, path, rd, "SKYPILOT_NODE_RANK", "$MASTER_ADDR:$MASTER_PORT"))]
     setup = [

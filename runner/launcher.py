@@ -39,7 +39,13 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from planner.launch import DEFAULT_MAX_RESTARTS, torchrun_command
+from planner.launch import (
+    DEFAULT_MAX_RESTARTS,
+    ENV_TORCHRUN_LOG_DIR,
+    FRESH_STORE_ENV,
+    torchrun_command,
+    torchrun_log_dir,
+)
 from planner.plan import Plan
 from runner.clock import ENV_LAUNCH_ID
 from runner.ledger import HEARTBEAT_S
@@ -49,8 +55,6 @@ SHUTDOWN_MIN_S = 60
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 EXIT_INTERRUPTED = 130          # stopped by a signal before any worker could take over the stop
 ENV_STOP_FILE = "NANOPLAN_STOP_FILE"   # exists once a stop was asked for; holds the signal's name
-ENV_TORCHRUN_LOG_DIR = "PET_LOG_DIR"   # torchrun's --log-dir, read from the environment (torch's argparse_util)
-TORCHRUN_LOGS = "torchrun"             # RUN_DIR/torchrun: torchrun's per-launch log folders
 
 
 def build_command(plan: Plan, plan_path: str, run_dir: str, *, nnodes: int | None = None, node_rank: int = 0,
@@ -77,18 +81,13 @@ def shutdown_timeout_s(plan: Plan) -> int:
 
 def launch_env(plan: Plan, base: dict[str, str] | None = None, run_dir: str | Path | None = None) -> dict[str, str]:
     """The environment torchrun runs in; with `run_dir`, torchrun's log folders go in RUN_DIR/torchrun (PET_LOG_DIR,
-    module docstring).
-
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's shared TCPStore (torch's default),
-    workers restarted by --max-restarts find the previous round's process-group keys in the
-    store and try to connect to dead peers (pytorch/pytorch#135712; reproduced here with torch
-    2.13 and gloo). The documented opt-out gives each round a fresh store.
-    """
+    module docstring). A fresh rendezvous store for each round of restarts (planner.launch.FRESH_STORE_ENV,
+    pytorch/pytorch#135712); the cluster exports set the same two (planner.launch.torchrun_env_lines)."""
     env = dict(os.environ if base is None else base)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout_s(plan)))
-    env.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    env.setdefault(*FRESH_STORE_ENV)
     if run_dir is not None:
-        env.setdefault(ENV_TORCHRUN_LOG_DIR, str(Path(run_dir) / TORCHRUN_LOGS))
+        env.setdefault(ENV_TORCHRUN_LOG_DIR, torchrun_log_dir(str(run_dir)))
     if plan.request.profile.kind == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.hardware.gpus_per_node)))
     return env

@@ -74,7 +74,18 @@ def stub_bin(d: Path, python_body: str) -> Path:
     return b
 
 
-RECORD_ARGV = 'printf "%s\\n" "$@" > "$ARGV_OUT"\necho $$ > "$PID_OUT"\n'
+RECORD_ARGV = ('printf "%s\\n" "$@" > "$ARGV_OUT"\necho $$ > "$PID_OUT"\n'
+               'printf "%s\\n" "${TORCH_DISABLE_SHARE_RDZV_TCP_STORE-unset}" "${PET_LOG_DIR-unset}" > "$ARGV_OUT.env"\n')
+
+
+def assert_torchrun_env_is_nanoplan_runs(d: Path, plan: Plan, run_dir: str) -> None:
+    """The job's torchrun saw the environment `nanoplan run` gives it (runner.launcher.launch_env): a fresh
+    rendezvous store for each restart, and its log folders in the run dir (they piled up in the node's /tmp)."""
+    from runner.launcher import launch_env
+
+    env = launch_env(plan, base={}, run_dir=run_dir)
+    assert (d / "argv.env").read_text().splitlines() == [env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"], env["PET_LOG_DIR"]]
+    assert env["PET_LOG_DIR"] == f"{run_dir}/torchrun"
 
 
 def job_env(d: Path, bindir: Path, **extra: str) -> dict[str, str]:
@@ -160,6 +171,7 @@ def test_sbatch_runs_the_dry_run_torchrun_args(plan_dir: Path, tmp_path: Path) -
     log = (tmp_path / "log").read_text().splitlines()
     assert log[:2] == ["srun --kill-on-bad-exit=1", "srun --cpus-per-task=64"]
     assert not any("requeue" in x for x in log)
+    assert_torchrun_env_is_nanoplan_runs(tmp_path, load_plan(plan_dir / "plan.json"), "runs/latest")
 
 
 def test_sbatch_checkpoints_then_requeues_before_time_limit(plan_dir: Path, tmp_path: Path) -> None:
@@ -238,6 +250,7 @@ def test_skypilot_runs_the_dry_run_torchrun_args(plan_dir: Path, tmp_path: Path)
     expected = torchrun_command("plan.json", 8, "/checkpoints/runs/latest", nnodes=2, node_rank="1",
                                 rdzv_endpoint="10.0.0.7:29500", max_restarts=3, python="python")
     assert (tmp_path / "argv").read_text().splitlines() == expected[1:]
+    assert_torchrun_env_is_nanoplan_runs(tmp_path, load_plan(plan_dir / "plan.json"), "/checkpoints/runs/latest")
 
 
 def test_skypilot_refuses_a_cluster_unlike_the_plan(plan_dir: Path, tmp_path: Path) -> None:

@@ -150,6 +150,9 @@ def _resume_lines(rd: str, when: str = "") -> list[str]:
             "fi"]
 
 
+VALUE_FLAGS = ("-m", "--plan", "--run-dir", "--node-rank", "--rdzv-endpoint", "--trainer-dir")   # take a value
+
+
 def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, endpoint_var: str,
                  spot: bool = False) -> list[str]:
     """The command, one shell word per line; the rank, endpoint and trainer dir expand from shell variables."""
@@ -161,12 +164,13 @@ def _shell_lines(plan: Plan, plan_path: str, run_dir: str, node_rank_var: str, e
         q = shlex.quote(arg)  # the placeholders hold only characters shlex leaves bare
         q = q.replace(TRAINER_DIR, node.placeholder() if node else "")
         words.append(q.replace(_NODE_RANK, f'"${node_rank_var}"').replace(_ENDPOINT, f'"{endpoint_var}"'))
-    # Keep "--plan PATH" style pairs on one line: a word that starts with "-" followed by a value.
+    # Keep "--plan PATH" style pairs on one line: a flag this module writes with a separate value, and that value
+    # (whatever it looks like: a run dir named "-x" is still the value).
     lines: list[str] = []
     i = 0
     while i < len(words):
         w = words[i]
-        if w.startswith("-") and "=" not in w and i + 1 < len(words) and not words[i + 1].startswith("-"):
+        if w in VALUE_FLAGS and i + 1 < len(words):
             lines.append(f"{w} {words[i + 1]}")
             i += 2
         else:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import PurePosixPath
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_RDZV_PORT = 29500
@@ -17,8 +16,9 @@ FRESH_STORE_ENV = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 
 def torchrun_log_dir(run_dir: str) -> str:
-    """Where torchrun keeps a run's log folders (workers' error.json): RUN_DIR/torchrun, not the system's temp dir."""
-    return str(PurePosixPath(run_dir) / TORCHRUN_LOGS)
+    """Where torchrun keeps a run's log folders (workers' error.json): RUN_DIR/torchrun, not the system's temp dir.
+    Joined as text, not normalised: a job script shows the run dir exactly as the plan gives it."""
+    return f"{run_dir}/{TORCHRUN_LOGS}"
 
 
 def torchrun_env_lines(run_dir: str) -> list[str]:

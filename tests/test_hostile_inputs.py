@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from planner.build import build_plan
@@ -141,6 +141,8 @@ hostile = st.lists(st.sampled_from(SHELL_CHARS), min_size=1, max_size=12).map(""
 
 @SETTINGS
 @given(value=hostile)
+@example(value=".")   # a run dir joined by a path library came out as "torchrun", not "./torchrun"
+@example(value="-")   # a value that looks like a flag was put on a line of its own
 def test_slurm_export_runs_nothing_but_the_command(gpu_plan_doc: dict, value: str) -> None:
     """The hostile script's shell words are exactly the benign script's with the value put in: no word,
     comment or line is added, and the value is always one whole word (or inside one quoted comment)."""
@@ -155,6 +157,8 @@ def test_slurm_export_runs_nothing_but_the_command(gpu_plan_doc: dict, value: st
 
 @SETTINGS
 @given(value=hostile)
+@example(value=".")
+@example(value="-")
 def test_skypilot_export_yields_only_the_expected_keys_and_values(gpu_plan_doc: dict, value: str) -> None:
     bucket = "s3://bucket/" + value
     bad_text = skypilot_task(_hostile_plan(gpu_plan_doc, value), "plan.json", bucket=bucket)

@@ -7,28 +7,29 @@ import sys
 
 DEFAULT_MAX_RESTARTS = 3
 DEFAULT_RDZV_PORT = 29500
-ENV_TORCHRUN_LOG_DIR = "PET_LOG_DIR"   # torchrun's --log-dir, read from the environment (torch's argparse_util)
 TORCHRUN_LOGS = "torchrun"             # RUN_DIR/torchrun: torchrun's per-launch log folders (never removed by it)
-# With the agent's shared rendezvous store (torch's default), workers restarted by --max-restarts find the previous
-# round's process-group keys and connect to dead peers (pytorch/pytorch#135712; reproduced with torch 2.13 and gloo):
-# the documented opt-out gives each round a fresh store. Every torchrun of a plan runs with it.
-FRESH_STORE_ENV = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
 
 
-def torchrun_log_dir(run_dir: str) -> str:
-    """Where torchrun keeps a run's log folders (workers' error.json): RUN_DIR/torchrun, not the system's temp dir.
-    Joined as text, not normalised: a job script shows the run dir exactly as the plan gives it."""
-    return f"{run_dir}/{TORCHRUN_LOGS}"
+def torchrun_env(run_dir: str | None) -> dict[str, str]:
+    """What every torchrun of a plan runs with (`nanoplan run`'s launch_env and the cluster exports alike):
+    - TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the agent's shared rendezvous store (torch's default), workers
+      restarted by --max-restarts find the previous round's process-group keys and connect to dead peers
+      (pytorch/pytorch#135712; reproduced with torch 2.13 and gloo); the documented opt-out gives each round a
+      fresh store;
+    - with `run_dir`, PET_LOG_DIR (torchrun's --log-dir, read from the environment) = RUN_DIR/torchrun: its log
+      folders (workers' error.json) there, not in the system's temp dir. Joined as text, not normalised: a job
+      script shows the run dir exactly as the plan gives it."""
+    env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+    if run_dir is not None:
+        env["PET_LOG_DIR"] = f"{run_dir}/{TORCHRUN_LOGS}"
+    return env
 
 
 def torchrun_env_lines(run_dir: str) -> list[str]:
-    """The shell lines a cluster job runs torchrun after, so it runs as `nanoplan run` runs it (runner/launcher.py
-    launch_env): a fresh rendezvous store per restart, and its log folders in the run dir."""
-    name, value = FRESH_STORE_ENV
+    """The shell lines a cluster job runs torchrun after, so it runs as `nanoplan run` runs it."""
     return ["# As `nanoplan run` runs torchrun: a fresh rendezvous store for each restart (pytorch/pytorch#135712),",
             "# and its log folders in the run dir, not in the node's temp dir.",
-            f"export {name}={value}",
-            f"export {ENV_TORCHRUN_LOG_DIR}={shlex.quote(torchrun_log_dir(run_dir))}"]
+            *(f"export {k}={shlex.quote(v)}" for k, v in torchrun_env(run_dir).items())]
 
 
 def torchrun_command(plan_path: str, nproc_per_node: int, run_dir: str, nnodes: int = 1,

@@ -53,12 +53,12 @@ class SpeedConstants:
     # achieved / nominal link bandwidth of NCCL ring collectives (1). An assumption, not fitted (FIT_NOTES)
     link_efficiency: float = 0.8
     # time (1) of nanochat's matmuls (`--trainer nanochat`, every version) relative to the model's at
-    # matmul_efficiency. Its rows ran 8-14% faster than the shared terms predict in bf16 (three code versions, A100 and
-    # H100, d20 to d32), and pulled the shared terms away from every other trainer's (without this term
-    # elementwise_compiled fits 4.6, not 5.9, to absorb them); with a term of their own they fit to themselves. Matmuls, not the whole step: nanochat's own FP8
-    # gain (dev/LOG.md: 630K to 740K tok/s at d26, 1.17x) is what this reproduces within 3%, and a whole-step term
-    # over-credits it by 6% (the fit's objective is lower too). Not a kernel measured apart: a trainer term, as
-    # triton_attention is llm-foundry's
+    # matmul_efficiency. Its rows ran 8-14% faster than the shared terms predict in bf16 (three code versions, A100
+    # and H100, d20 to d32), and pulled the shared terms away from every other trainer's (without this term
+    # elementwise_compiled fits 4.6, not 5.9, to absorb them); with a term of their own they fit to themselves.
+    # Matmuls, not the whole step: nanochat's own FP8 gain (dev/LOG.md: 630K to 740K tok/s at d26, 1.17x) is what
+    # this reproduces within 3%, and a whole-step term over-credits it by 6% (the fit's objective is lower too).
+    # Not a kernel measured apart: a trainer term, as triton_attention is llm-foundry's
     nanochat_matmul: float = 0.8051
 
 

@@ -39,13 +39,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from planner.launch import (
-    DEFAULT_MAX_RESTARTS,
-    ENV_TORCHRUN_LOG_DIR,
-    FRESH_STORE_ENV,
-    torchrun_command,
-    torchrun_log_dir,
-)
+from planner.launch import DEFAULT_MAX_RESTARTS, torchrun_command, torchrun_env
 from planner.plan import Plan
 from runner.clock import ENV_LAUNCH_ID
 from runner.ledger import HEARTBEAT_S
@@ -80,14 +74,13 @@ def shutdown_timeout_s(plan: Plan) -> int:
 
 
 def launch_env(plan: Plan, base: dict[str, str] | None = None, run_dir: str | Path | None = None) -> dict[str, str]:
-    """The environment torchrun runs in; with `run_dir`, torchrun's log folders go in RUN_DIR/torchrun (PET_LOG_DIR,
-    module docstring). A fresh rendezvous store for each round of restarts (planner.launch.FRESH_STORE_ENV,
-    pytorch/pytorch#135712); the cluster exports set the same two (planner.launch.torchrun_env_lines)."""
+    """The environment torchrun runs in: planner.launch.torchrun_env (a fresh rendezvous store for each round of
+    restarts; with `run_dir`, its log folders in RUN_DIR/torchrun, module docstring), the shutdown timeout and, on
+    a CPU, the threads per worker. A value already set wins."""
     env = dict(os.environ if base is None else base)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(shutdown_timeout_s(plan)))
-    env.setdefault(*FRESH_STORE_ENV)
-    if run_dir is not None:
-        env.setdefault(ENV_TORCHRUN_LOG_DIR, torchrun_log_dir(str(run_dir)))
+    for k, v in torchrun_env(None if run_dir is None else str(run_dir)).items():
+        env.setdefault(k, v)
     if plan.request.profile.kind == "cpu":
         env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // plan.hardware.gpus_per_node)))
     return env

@@ -2,7 +2,7 @@
 
 Usage: python benchmarks/public_runs.py [--out benchmarks/results/public_runs.md] [--baseline] [--runs FILE]
 
-For every row of benchmarks/public_runs/runs.yaml (86 public runs; benchmarks/public_runs/README.md) the row
+For every row of benchmarks/public_runs/runs.yaml (89 public runs; benchmarks/public_runs/README.md) the row
 adapter (benchmarks/public_runs/adapter.py) builds the planner's inputs, and the planner predicts the job's
 tokens/s and gives its fit verdict (fits / tight / does not fit) from the allocated peak it predicts. Printed:
 each row's predicted and measured tokens/s per GPU with the error (predicted / measured - 1), the verdict next

@@ -9,10 +9,9 @@ Mapping (README.md in this folder has the sources of each row):
 - nanochat rows are planned as `--trainer nanochat` plans (issue 29), through planner/build.py's own calls: the
   request from the trainer's `request_fields` (plus the row's batch and --fp8), its StepConfig from
   `build.step_config`, its memory from `build.memory_of`, its step variant (sliding windows, the FP8 head) and
-  attention software from `planner.trainers.step_speed_inputs` (`nanochat-2025-10` -> version 2025-10,
-  `nanochat-2026-01` -> 2026-07, the nearest modelled version). One fact of those commits differs from 2026-07 and is
-  put back: their short windows were half the context (gpt.py at 348fbb3 and a67eba3: short_window =
-  long_window // 2), 2026-07's a quarter.
+  attention software from `planner.trainers.step_speed_inputs` (`nanochat-2025-10` -> version 2025-10;
+  `nanochat-2026-01`, `-2026-03` and `-2026-07` -> 2026-07, the nearest modelled version). One fact of the earlier
+  2026 commits differs from 2026-07 and is put back: their short windows (`SHORT_WINDOW`).
 - arch `modded-nanogpt-2024-10` -> the nanochat block (rotary, ReLU², QK-norm, weightless RMSNorm, no bias) with the
   row's heads, width, vocabulary and tied head; `modded-nanogpt-2024-10-gelu` -> the same with a GELU MLP and no
   QK-norm; `mpt` and `gpt2` (llm.c) -> GPT-2 style (LayerNorm with bias, GELU, learned positions, biases, tied): the
@@ -74,7 +73,12 @@ class RowInputs:
     request: PlanRequest | None = None     # the --trainer plan's request (nanochat rows)
 
 
-NANOCHAT_VERSION = {"nanochat-2025-10": "2025-10", "nanochat-2026-01": "2026-07"}   # arch -> trainer version
+NANOCHAT_VERSION = {"nanochat-2025-10": "2025-10", "nanochat-2026-01": "2026-07", "nanochat-2026-03": "2026-07",
+                    "nanochat-2026-07": "2026-07"}   # arch -> trainer version
+# the short sliding window of nanochat's 2026 commits, tokens of a T-token context (gpt.py `_compute_window_sizes`):
+# half the context at 348fbb3, a67eba3, 2c062aa and 324e69c (short_window = long_window // 2); a third rounded up to
+# the FA3 tile at 6ed7d1d (-(-long_window // 3 // 128) * 128, "2048 -> 768"); a quarter from a825e63 on, as 2026-07
+SHORT_WINDOW = {"nanochat-2026-01": lambda T: T // 2, "nanochat-2026-03": lambda T: -(-T // 3 // 128) * 128}
 # trainers whose tensor parallelism is sequence-parallel: torchtitan applies SequenceParallel() to every block's norms
 # (`apply_tp`: torchtitan/parallelisms/parallelize_llama.py at 9dec370, torchtitan/models/llama3/ at 820504e)
 SEQUENCE_PARALLEL = ("torchtitan",)
@@ -143,11 +147,12 @@ def hardware_of(r: PublicRun) -> Hardware:
     return parse_gpu_spec(spec, profile=prof)
 
 
-def half_windows(spec: ModelSpec) -> list[int]:
-    """The attention windows of nanochat's Jan-Feb 2026 commits (gpt.py at 348fbb3 and a67eba3 `_compute_window_sizes`:
-    the default pattern SSSL tiled over the layers, S = sequence_len // 2, L = sequence_len, the last layer L)."""
+def leaderboard_windows(spec: ModelSpec, arch: str) -> list[int]:
+    """The attention windows of a nanochat 2026 commit before a825e63 (gpt.py `_compute_window_sizes`: the default
+    pattern SSSL tiled over the layers, S = the arch's SHORT_WINDOW, L = sequence_len, the last layer L)."""
     T = spec.seq_len
-    return [T if "SSSL"[i % 4] == "L" or i == spec.n_layer - 1 else T // 2 for i in range(spec.n_layer)]
+    short = SHORT_WINDOW[arch](T)
+    return [T if "SSSL"[i % 4] == "L" or i == spec.n_layer - 1 else short for i in range(spec.n_layer)]
 
 
 def software_of(r: PublicRun, prof: HardwareProfile) -> StepSoftware:
@@ -246,8 +251,8 @@ def nanochat_inputs(r: PublicRun, spec: ModelSpec, hw: Hardware, ref: TrainerRef
     req = nanochat_request(r, spec, hw, ref)
     cfg = step_config(req, r.micro_batch_per_gpu, hw.num_gpus)
     variant, software = step_speed_inputs(req, hw.profile)
-    if r.arch == "nanochat-2026-01" and software is not None and software.attention_span != 1.0:
-        windows = half_windows(spec)
+    if r.arch in SHORT_WINDOW and software is not None and software.attention_span != 1.0:
+        windows = leaderboard_windows(spec, r.arch)
         software = replace(software, attention_span=window_span(windows, spec.seq_len))
         if variant is not None:
             variant = replace(variant, attention_keys=tuple(windows))

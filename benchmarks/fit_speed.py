@@ -11,7 +11,7 @@ with --tp, as the planner plans them).
 Method (no scipy, deterministic): coordinate descent. Each round, for each constant in turn, a grid of 41 values
 over its range, then a golden-section refinement around the best grid point; rounds repeat until no constant
 moves. Prints the fitted values, the calibration error before and after, and each constant's sensitivity (how
-many calibration rows move by more than 1% when it changes by 10%: a constant that moves one row is not fitted).
+many calibration rows move by more than 0.5% when it changes by 10%: a constant that moves one row is not fitted).
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ RANGES: dict[str, tuple[float, float]] = {       # the fitted constants and thei
     "overlap": (0.0, 1.0),
     "nanochat_matmul": (0.6, 1.4),
 }
+ROUNDS = 64   # the cap on coordinate-descent rounds: the fit stops earlier, when a round moves no constant
 # where every fit starts, so a re-fit gives the same numbers whatever planner/speed_constants.py holds now
 START = SpeedConstants(matmul_efficiency=0.8, matmul_efficiency_ampere=0.8, attention_efficiency=0.8, triton_attention=0.5469, elementwise=3.0,
                        elementwise_compiled=3.0, overlap=0.8, link_efficiency=0.8, nanochat_matmul=1.0)
@@ -124,7 +125,7 @@ def summary(rows: list[tuple[PublicRun, float]], k: SpeedConstants) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=ROUNDS)
     a = ap.parse_args(argv)
     rows = fit_rows(load_runs())
     print(f"{len(rows)} calibration rows with a measured speed")

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.fit_speed import START, fit  # noqa: E402
+from benchmarks.fit_speed import ROUNDS, START, fit  # noqa: E402
 from benchmarks.public_runs.adapter import inputs, measured_tokens_per_s, predicted_tokens_per_s  # noqa: E402
 from benchmarks.public_runs.schema import PublicRun, load_runs  # noqa: E402
 from planner.speed_constants import DEFAULT, SpeedConstants  # noqa: E402
@@ -45,8 +45,9 @@ def rows_with_speed() -> list[tuple[PublicRun, float]]:
     return out
 
 
-def fold_errors(rows: list[tuple[PublicRun, float]], folds: int, rounds: int = 8) -> dict[str, float]:
-    """Calibration rows: each fold's log errors under constants fitted on the other folds."""
+def fold_errors(rows: list[tuple[PublicRun, float]], folds: int, rounds: int = ROUNDS) -> dict[str, float]:
+    """Calibration rows: each fold's log errors under constants fitted on the other folds, by the same fit as
+    planner/speed_constants.py's (benchmarks/fit_speed.py, run to its minimum)."""
     calib = sorted(((r, m) for r, m in rows if r.split == "calibration"), key=lambda x: _key(x[0]))
     out: dict[str, float] = {}
     for f in range(folds):

@@ -146,7 +146,7 @@ def test_committed_errors_are_todays_held_out_predictions() -> None:
 def test_bands_hold_about_80_percent_of_runs_no_constant_saw() -> None:
     """Issue 29's bar: the printed P10–P90 band contains the measured tokens/s for 75–85% of runs, each band built
     from every other run's error (benchmarks/public_runs.py prints the same counts). Over the 82 runs with an error no
-    constant was fitted to (held-out, and calibration by cross-validation) it holds 63 (77%); over the 28 held-out
+    constant was fitted to (held-out, and calibration by cross-validation) it holds 64 (78%); over the 28 held-out
     runs alone 22 (79%): type-6 bands hold 80% on average, and 28 runs spread about ±8 points around it, so the
     held-out share is held to 75–90% (2026-11-28; benchmarks/results/public_runs.md)."""
     def coverage(split: str | None) -> tuple[int, int]:

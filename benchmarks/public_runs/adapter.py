@@ -56,6 +56,7 @@ from planner.profiles import Hardware, HardwareProfile, find_profile, parse_gpu_
 from planner.spec import ModelSpec, llama
 from planner.trainers import step_speed_inputs, trainer_for
 from planner.trainers.nanochat import model_spec as nanochat_spec
+from planner.trainers.nanochat import window_sizes
 
 
 @dataclass(frozen=True)
@@ -149,10 +150,9 @@ def hardware_of(r: PublicRun) -> Hardware:
 
 def leaderboard_windows(spec: ModelSpec, arch: str) -> list[int]:
     """The attention windows of a nanochat 2026 commit before a825e63 (gpt.py `_compute_window_sizes`: the default
-    pattern SSSL tiled over the layers, S = the arch's SHORT_WINDOW, L = sequence_len, the last layer L)."""
-    T = spec.seq_len
-    short = SHORT_WINDOW[arch](T)
-    return [T if "SSSL"[i % 4] == "L" or i == spec.n_layer - 1 else short for i in range(spec.n_layer)]
+    pattern SSSL tiled over the layers, S = the arch's SHORT_WINDOW, L = sequence_len, the last layer L): 2026-07's
+    rule with the commit's short window."""
+    return window_sizes(spec, "SSSL", short=SHORT_WINDOW[arch](spec.seq_len))
 
 
 def software_of(r: PublicRun, prof: HardwareProfile) -> StepSoftware:

@@ -279,7 +279,7 @@ class Nanochat(Trainer):
         v = self.version(req.trainer.version).key
         if v != CURRENT:
             return StepVariant(matmul_constant="nanochat_matmul")
-        return StepVariant(attention_keys=tuple(_windows(req.model, req.trainer.window_pattern or "SSSL")),
+        return StepVariant(attention_keys=tuple(window_sizes(req.model, req.trainer.window_pattern or "SSSL")),
                            fp8_head=True, matmul_constant="nanochat_matmul")
 
     # ---------------------------------------------------------------- speed (issue 29)
@@ -293,7 +293,7 @@ class Nanochat(Trainer):
         (span 2 against causal), the long ones is_causal (the export picks L there: `window_pattern_for`)."""
         if self.version(ref.version).key != CURRENT:
             return StepSoftware(attention="fa2")
-        windows = _windows(spec, ref.window_pattern or window_pattern_for(prof))   # the plan's --window-pattern
+        windows = window_sizes(spec, ref.window_pattern or window_pattern_for(prof))   # the plan's --window-pattern
         if attention_kernel(prof) == "sdpa":   # windowed layers pass an explicit mask: the whole sequence (span 2)
             span = sum(1.0 if w >= spec.seq_len else 2.0 for w in windows) / len(windows)
             return StepSoftware(attention="fa2", attention_span=span)
@@ -317,7 +317,7 @@ class Nanochat(Trainer):
         n = sum(groups.values())
         matmul = attn + mlp + V * d + (ve_layers(L) * VE_GATE_CHANNELS * spec.n_kv_head + SMEAR_CHANNELS
                                        if v == CURRENT else 0)
-        windows = _windows(spec, ref.window_pattern or "SSSL") if v == CURRENT else [spec.seq_len] * L
+        windows = window_sizes(spec, ref.window_pattern or "SSSL") if v == CURRENT else [spec.seq_len] * L
         attn_flops = sum(12 * spec.n_head * spec.head_dim * w for w in windows)
         return Counts(n_params=n, by_group={**groups, "total": n}, matmul_params=matmul,
                       flops_per_token=6 * matmul + attn_flops)
@@ -383,11 +383,11 @@ class Nanochat(Trainer):
 NANOCHAT = Nanochat()
 
 
-def _windows(spec: ModelSpec, pattern: str = "SSSL") -> list[int]:
-    """2026-07 gpt.py _compute_window_sizes: the pattern tiled over the layers, S = ceil(T/4/128)·128, L = T, and
-    the last layer always L."""
+def window_sizes(spec: ModelSpec, pattern: str = "SSSL", short: int | None = None) -> list[int]:
+    """2026-07 gpt.py _compute_window_sizes: the pattern tiled over the layers, S = ceil(T/4/128)·128 (or `short`:
+    earlier commits' value, benchmarks/public_runs), L = T, and the last layer always L."""
     T = spec.seq_len
-    short = -(-T // 4 // 128) * 128
+    short = -(-T // 4 // 128) * 128 if short is None else short
     w = [short if pattern[i % len(pattern)] == "S" else T for i in range(spec.n_layer)]
     w[-1] = T
     return [min(x, T) for x in w]
